@@ -1,0 +1,1 @@
+"""SPADE-async: asyncio core of the self-play environment-design daemon."""

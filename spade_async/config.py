@@ -1,0 +1,109 @@
+"""One typed config tree, loaded from TOML with SPADE__SECTION__KEY env-var overrides.
+
+An unknown or ill-typed key is a ConfigError naming the key and the file; nothing here
+touches the network or starts processes.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Annotated, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+
+class ConfigError(ValueError):
+    """A config file that cannot be used; the message names the file and the key."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class VllmLoraSwap(_Strict):
+    type: Literal["vllm-lora"] = "vllm-lora"
+    max_loaded_adapters: int = Field(4, ge=1, description="adapters kept loaded at once")
+
+
+class VllmReloadSwap(_Strict):
+    type: Literal["vllm-reload"] = "vllm-reload"
+
+
+class VllmNcclSwap(_Strict):
+    type: Literal["vllm-nccl"] = "vllm-nccl"
+    timeout_s: float = Field(120.0, gt=0, description="deadline of one NCCL transfer")
+
+
+class NoSwap(_Strict):
+    type: Literal["none"] = "none"
+
+
+WeightSwap = Annotated[
+    Union[VllmLoraSwap, VllmReloadSwap, VllmNcclSwap, NoSwap], Field(discriminator="type")
+]
+
+
+class EndpointConfig(_Strict):
+    name: str = Field(min_length=1)
+    base_url: str = Field(pattern=r"^https?://", description="server root, without /v1")
+    max_concurrency: int = Field(16, ge=1, description="in-flight requests allowed")
+    request_timeout_s: float = Field(120.0, gt=0)
+    api_key: str | None = None
+    weight_swap: WeightSwap = Field(default_factory=VllmLoraSwap)
+
+
+class PathsConfig(_Strict):
+    data_dir: Path = Field(Path(".data"), description="checkpoints, memory, spool (outside git)")
+
+
+class ModelConfig(_Strict):
+    served_name: str = Field("policy", description="model name the servers answer to")
+
+
+class SpadeConfig(_Strict):
+    paths: PathsConfig = Field(default_factory=PathsConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    endpoints: list[EndpointConfig] = Field(default_factory=list)
+
+
+ENV_PREFIX = "SPADE__"
+
+
+def _apply_env_overrides(data: dict, environ: dict[str, str]) -> dict:
+    """SPADE__MODEL__SERVED_NAME=x sets data["model"]["served_name"] = "x" (validated later)."""
+    for key, value in environ.items():
+        if not key.startswith(ENV_PREFIX):
+            continue
+        parts = [p.lower() for p in key[len(ENV_PREFIX) :].split("__")]
+        node = data
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"env override {key}: {part} is not a section")
+        node[parts[-1]] = value
+    return data
+
+
+def _key_path(loc: tuple) -> str:
+    return ".".join(str(p) for p in loc if not (isinstance(p, str) and p.startswith("vllm-")))
+
+
+def load_config(path: str | Path, environ: dict[str, str] | None = None) -> SpadeConfig:
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: config file not found") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    data = _apply_env_overrides(data, dict(os.environ if environ is None else environ))
+    try:
+        return SpadeConfig.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        key = _key_path(err["loc"])
+        if err["type"] == "extra_forbidden":
+            raise ConfigError(f"{path}: unknown key '{key}'") from None
+        raise ConfigError(f"{path}: bad value for '{key}': {err['msg']}") from None

@@ -1,0 +1,1 @@
+"""Separate torch trainer process (issue 6). Never imports the daemon's internals."""
