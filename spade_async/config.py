@@ -86,8 +86,12 @@ def _apply_env_overrides(data: dict, environ: dict[str, str]) -> dict:
     return data
 
 
+# pydantic puts the discriminator tag into an error's location; it is not a key of the file.
+_SWAP_TAGS = {"vllm-lora", "vllm-reload", "vllm-nccl", "none"}
+
+
 def _key_path(loc: tuple) -> str:
-    return ".".join(str(p) for p in loc if not (isinstance(p, str) and p.startswith("vllm-")))
+    return ".".join(str(p) for p in loc if p not in _SWAP_TAGS)
 
 
 def load_config(path: str | Path, environ: dict[str, str] | None = None) -> SpadeConfig:
