@@ -54,6 +54,20 @@ class EndpointConfig(_Strict):
     weight_swap: WeightSwap = Field(default_factory=VllmLoraSwap)
 
 
+class PoolConfig(_Strict):
+    """How the endpoint pool retries, backs off and health-checks."""
+
+    max_attempts: int = Field(4, ge=1, description="tries per request over all endpoints")
+    backoff_initial_s: float = Field(0.2, gt=0, description="first retry delay")
+    backoff_max_s: float = Field(5.0, gt=0, description="cap on one retry delay")
+    health_interval_s: float = Field(5.0, gt=0, description="period of the health loop")
+    health_timeout_s: float = Field(3.0, gt=0, description="deadline of one health probe")
+    down_after_failures: int = Field(2, ge=1, description="consecutive failures that take an endpoint out")
+    wait_for_endpoint_s: float = Field(
+        60.0, ge=0, description="how long a request waits for any endpoint to come back"
+    )
+
+
 class PathsConfig(_Strict):
     data_dir: Path = Field(Path(".data"), description="checkpoints, memory, spool (outside git)")
 
@@ -66,6 +80,7 @@ class SpadeConfig(_Strict):
     paths: PathsConfig = Field(default_factory=PathsConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
     endpoints: list[EndpointConfig] = Field(default_factory=list)
+    pool: PoolConfig = Field(default_factory=PoolConfig)
 
 
 ENV_PREFIX = "SPADE__"

@@ -1,0 +1,45 @@
+"""structlog set up once per process: JSON lines when stderr is not a terminal, console in one.
+
+Bound context (run id, env id, episode id, policy version) travels through contextvars, so a
+component only binds what it adds. Tests read logs with `structlog.testing.capture_logs`.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import structlog
+
+_configured = False
+
+
+def configure_logging(level: str = "info", *, json: bool | None = None, force: bool = False) -> None:
+    """Idempotent: the first call wins unless force=True (tests and the CLI's --log-json)."""
+    global _configured
+    if _configured and not force:
+        return
+    if json is None:
+        json = not sys.stderr.isatty()
+    shared = [
+        structlog.contextvars.merge_contextvars,
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+        structlog.processors.StackInfoRenderer(),
+    ]
+    renderer = (
+        [structlog.processors.dict_tracebacks, structlog.processors.JSONRenderer()]
+        if json
+        else [structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())]
+    )
+    structlog.configure(
+        processors=[*shared, *renderer],
+        wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper())),
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        cache_logger_on_first_use=False,
+    )
+    _configured = True
+
+
+def get_logger(name: str) -> structlog.typing.FilteringBoundLogger:
+    return structlog.get_logger(component=name)
