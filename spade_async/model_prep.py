@@ -93,13 +93,21 @@ def _convert(gguf: Path, out: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(
-        gguf.parent, gguf_file=gguf.name, dtype=torch.bfloat16
-    )
-    # The weights are de-quantized now: a leftover quantization config would make vLLM and
-    # the trainer look for GGUF kernels.
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
+    # float32 is the GGUF kernels' native dtype (fastest to de-quantize); saved as bfloat16.
+    loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    # The weights are de-quantized now, but the loaded model still carries the GGUF quantizer
+    # (save_pretrained refuses it, and vLLM would look for GGUF kernels): copy the weights into
+    # a plain model built from the same config without its quantization_config.
+    config = loaded.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    missing, unexpected = model.load_state_dict(loaded.state_dict(), strict=False)
+    missing = [k for k in missing if k not in _tied_keys(model)]
+    if missing or unexpected:
+        raise PrepareError(f"GGUF weights do not fit the model: missing {missing}, extra {unexpected}")
+    model.tie_weights()
+    model.generation_config = loaded.generation_config
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     out.mkdir(parents=True)
     model.save_pretrained(out, safe_serialization=True)
@@ -110,3 +118,8 @@ def _convert(gguf: Path, out: Path) -> None:
     config.pop("quantization_config", None)
     (out / "config.json").write_text(json.dumps(config, indent=2))
     (out / MARKER).write_text(json.dumps({"source": gguf.name, "dtype": "bfloat16"}))
+
+
+def _tied_keys(model) -> set[str]:
+    tied = getattr(model, "_tied_weights_keys", None) or ()
+    return set(tied.keys() if isinstance(tied, dict) else tied)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import random
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -106,6 +107,7 @@ class _Endpoint:
         self.failures = 0
         self.up = True
         self.last_failure = -math.inf
+        self.model_in_flight: Counter[str] = Counter()
         # Model ids the server lists (base + adapters); None until a probe has run: serve anything.
         self.models: frozenset[str] | None = None
 
@@ -178,6 +180,10 @@ class EndpointPool:
     def in_flight(self) -> dict[str, int]:
         return {ep.name: ep.in_flight for ep in self._endpoints}
 
+    def in_flight_for(self, name: str, model: str) -> int:
+        """Requests in flight on endpoint `name` that asked for `model` (an adapter, say)."""
+        return self._get(name).model_in_flight[model]
+
     def is_up(self, name: str) -> bool:
         return self._get(name).up
 
@@ -232,10 +238,10 @@ class EndpointPool:
         return EndpointHealth(ep.name, ep.cfg.base_url, False, None, (), (), None, ep.in_flight, error)
 
     async def _weight_version(self, ep: _Endpoint) -> str | None:
-        """vLLM reports the version set by `/update_weight_version` on `/get_weight_version`
+        """vLLM reports the version set by `/update_weight_version` on `/weight_info`
         (dev mode); servers without it (or without dev mode) report None."""
         try:
-            resp = await ep.client.get("/get_weight_version")
+            resp = await ep.client.get("/weight_info")
         except httpx.HTTPError:
             return None
         if resp.status_code != 200:
@@ -326,6 +332,8 @@ class EndpointPool:
                         errors.append(f"no endpoint up after {self.cfg.wait_for_endpoint_s}s")
                         break
                 tried.add(ep.name)
+                if model is not None:
+                    ep.model_in_flight[model] += 1
                 try:
                     body = await self._post_once(ep, path, payload)
                 except _Retryable as exc:
@@ -337,6 +345,8 @@ class EndpointPool:
                     self._mark_up(ep)
                     return ep.name, body
                 finally:
+                    if model is not None:
+                        ep.model_in_flight[model] -= 1
                     self._release(ep)
                 if attempt + 1 < self.cfg.max_attempts:
                     await anyio.sleep(self._backoff(attempt))
@@ -360,10 +370,14 @@ class EndpointPool:
             raise _Retryable(f"HTTP {resp.status_code}: {_detail(resp)}")
         if resp.status_code >= 400:
             raise EndpointRequestError(ep.name, resp.status_code, _detail(resp))
+        if not resp.content:
+            return {}
         try:
-            return resp.json() if resp.content else {}
+            body = resp.json()
         except ValueError:
-            raise _Retryable(f"response is not JSON: {resp.text[:200]!r}") from None
+            # vLLM's admin routes (load/unload_lora_adapter) answer 200 with plain text.
+            return {"text": resp.text}
+        return body if isinstance(body, dict) else {"data": body}
 
     async def chat(
         self,

@@ -1,7 +1,7 @@
 """An in-process fake of vLLM's OpenAI-compatible server, for deterministic tests and benchmarks.
 
 It speaks the subset SPADE-async uses (chat completions with `logprobs` + `return_token_ids`,
-`/v1/models`, runtime LoRA load/unload, `/update_weight_version`, `/get_weight_version`,
+`/v1/models`, runtime LoRA load/unload, `/update_weight_version`, `/weight_info`,
 `/collective_rpc`, `/reset_prefix_cache`, `/health`) and lets a test inject failures, latency and
 outages. It stands beside the real vLLM tests, never instead of them.
 
@@ -41,6 +41,8 @@ class FakeState:
     max_in_flight: int = 0
     requests: int = 0
     models_seen: list[str] = field(default_factory=list)
+    paused: bool = False
+    calls: list[str] = field(default_factory=list)  # admin calls, in order
 
 
 def _token_ids(seed: str, n: int) -> list[int]:
@@ -149,7 +151,8 @@ def build_app(state: FakeState) -> Starlette:
     async def update_version(request: Request) -> Response:
         body = await request.json()
         state.weight_version = body.get("new_version")
-        return JSONResponse({"weight_version": state.weight_version})
+        state.calls.append("update_weight_version")
+        return JSONResponse({"success": True, "new_version": state.weight_version})
 
     async def get_version(request: Request) -> Response:
         return JSONResponse({"weight_version": state.weight_version})
@@ -159,7 +162,18 @@ def build_app(state: FakeState) -> Starlette:
         if body.get("method") != "reload_weights":
             return JSONResponse({"error": {"message": f"unknown method {body.get('method')}"}}, 400)
         state.weights_path = (body.get("kwargs") or {}).get("weights_path")
+        state.calls.append("reload_weights")
         return JSONResponse({"results": [None]})
+
+    async def pause(request: Request) -> Response:
+        state.paused = True
+        state.calls.append(f"pause?mode={request.query_params.get('mode', 'abort')}")
+        return JSONResponse({"status": "paused"})
+
+    async def resume(request: Request) -> Response:
+        state.paused = False
+        state.calls.append("resume")
+        return JSONResponse({"status": "resumed"})
 
     async def ok(request: Request) -> Response:
         return Response(status_code=200)
@@ -171,9 +185,11 @@ def build_app(state: FakeState) -> Starlette:
             Route("/v1/load_lora_adapter", load_lora, methods=["POST"]),
             Route("/v1/unload_lora_adapter", unload_lora, methods=["POST"]),
             Route("/update_weight_version", update_version, methods=["POST"]),
-            Route("/get_weight_version", get_version, methods=["GET"]),
+            Route("/weight_info", get_version, methods=["GET"]),
             Route("/collective_rpc", collective_rpc, methods=["POST"]),
             Route("/reset_prefix_cache", ok, methods=["POST"]),
+            Route("/pause", pause, methods=["POST"]),
+            Route("/resume", resume, methods=["POST"]),
             Route("/health", ok, methods=["GET"]),
         ]
     )
