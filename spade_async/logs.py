@@ -14,6 +14,20 @@ import structlog
 _configured = False
 
 
+class _StderrLogger:
+    """Writes to whatever `sys.stderr` is at call time (pytest and CliRunner swap it), never to
+    stdout, which belongs to `--json` output."""
+
+    def msg(self, message: str) -> None:
+        print(message, file=sys.stderr, flush=True)
+
+    log = debug = info = warn = warning = error = critical = exception = fatal = msg
+
+
+def _stderr_logger(*_args: object) -> _StderrLogger:
+    return _StderrLogger()
+
+
 def configure_logging(level: str = "info", *, json: bool | None = None, force: bool = False) -> None:
     """Idempotent: the first call wins unless force=True (tests and the CLI's --log-json)."""
     global _configured
@@ -35,7 +49,7 @@ def configure_logging(level: str = "info", *, json: bool | None = None, force: b
     structlog.configure(
         processors=[*shared, *renderer],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper())),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=_stderr_logger,
         cache_logger_on_first_use=False,
     )
     _configured = True

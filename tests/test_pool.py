@@ -145,6 +145,17 @@ async def test_adapter_routing_goes_where_the_adapter_is(servers):
     assert base.token_ids != adapted.token_ids
 
 
+async def test_model_nobody_serves_fails_at_once_naming_what_is_served(servers):
+    async with EndpointPool([_cfg(servers[0], "a")], FAST) as pool:
+        await pool.check()
+        with anyio.fail_after(1.0):  # not after wait_for_endpoint_s
+            with pytest.raises(EndpointRequestError, match=r"'policy-v9'.*served: policy"):
+                await pool.chat(MSG, model="policy-v9", max_tokens=2)
+        servers[0].state.adapters["policy-v9"] = "/tmp/adapter"
+        pool.note_model("a", "policy-v9", served=True)  # what a LoRA swap does
+        assert (await pool.chat(MSG, model="policy-v9", max_tokens=2)).endpoint == "a"
+
+
 async def test_check_reports_down_and_weight_version(servers):
     servers[0].state.weight_version = "7"
     servers[1].stop()

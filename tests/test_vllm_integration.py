@@ -6,6 +6,7 @@ import json
 import shutil
 from pathlib import Path
 
+import anyio
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
@@ -118,7 +119,8 @@ async def test_full_reload_changes_output_and_version_shows_in_check(vllm_server
                 f'[[endpoints]]\nname = "cpu"\nbase_url = "{vllm_server.base_url}"\n'
                 '[endpoints.weight_swap]\ntype = "vllm-reload"\n'
             )
-            res = CliRunner().invoke(app, ["endpoints", "check", "--json", "--config", str(cfg)])
+            args = ["endpoints", "check", "--json", "--config", str(cfg)]
+            res = await anyio.to_thread.run_sync(CliRunner().invoke, app, args)
             assert res.exit_code == 0, res.output
             (report,) = json.loads(res.stdout)
             assert report["up"] and report["weight_version"] == "5"

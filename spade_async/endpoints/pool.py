@@ -42,6 +42,14 @@ class EndpointRequestError(EndpointError):
         self.endpoint, self.status, self.detail = endpoint, status, detail
 
 
+class ModelNotServed(EndpointRequestError):
+    """Every endpoint that is up lists its models, and none serves the one asked for."""
+
+    def __init__(self, model: str, served: list[str]) -> None:
+        super().__init__("pool", 404, f"model '{model}' is not served by any endpoint "
+                         f"(served: {', '.join(served) or 'nothing'})")
+
+
 class EndpointUnavailable(EndpointError):
     """No endpoint could serve the request within the attempts and deadline allowed."""
 
@@ -290,12 +298,25 @@ class EndpointPool:
                     ep = min(preferred, key=lambda e: (not e.up, e.load(), e.in_flight))
                     ep.in_flight += 1
                     return ep
+                up = [ep for ep in self._endpoints if ep.up]
+                if model is not None and up and all(
+                    ep.models is not None and model not in ep.models for ep in up
+                ):
+                    # Waiting cannot help: fail like the server would (404), at once.
+                    raise ModelNotServed(model, sorted(set().union(*(ep.models for ep in up))))
                 with anyio.move_on_after(min(1.0, self.cfg.health_interval_s)):
                     await self._changed.wait()
 
     def _release(self, ep: _Endpoint) -> None:
         ep.in_flight -= 1
         self._notify()
+
+    def note_model(self, endpoint: str, model: str, *, served: bool) -> None:
+        """A weight swap added or removed `model` on `endpoint` (before the next health probe)."""
+        ep = self._get(endpoint)
+        if ep.models is not None:
+            ep.models = ep.models | {model} if served else ep.models - {model}
+            self._notify()
 
     def serves(self, model: str) -> list[str]:
         """Names of the endpoints known to serve `model` (base name or adapter)."""

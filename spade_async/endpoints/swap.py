@@ -91,6 +91,7 @@ class LoraSwapper(WeightSwapper):
             # After a daemon restart the server may still hold it: that is the state we want.
             if "already been loaded" not in exc.detail:
                 raise
+        self.pool.note_model(self.endpoint, name, served=True)
         try:
             await self._post("/update_weight_version", {"new_version": str(version)})
         except EndpointRequestError as exc:
@@ -114,6 +115,7 @@ class LoraSwapper(WeightSwapper):
         except EndpointRequestError as exc:
             if exc.status != 404:
                 raise
+        self.pool.note_model(self.endpoint, name, served=False)
         self.loaded.remove(version)
 
 

@@ -1,0 +1,1 @@
+"""Benchmarks behind `spade bench ...`: each prints figures measured side by side in one run."""

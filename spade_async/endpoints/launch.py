@@ -1,0 +1,83 @@
+"""Start the `inference` process (scripts/inference.sh, the Procfile's command) on a chosen port
+and wait until it answers /health. Used by the integration tests and `spade bench inference`;
+the daemon never starts servers itself (the Procfile does)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[2]
+INFERENCE_SCRIPT = REPO / "scripts" / "inference.sh"
+
+
+class LaunchError(RuntimeError):
+    """The server exited or did not become healthy; the message carries its log tail."""
+
+
+class InferenceProcess:
+    def __init__(self, port: int, proc: subprocess.Popen, log: Path, started_s: float) -> None:
+        self.port, self.proc, self.log, self.start_seconds = port, proc, log, started_s
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def tail(self, n: int = 40) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        if self.proc.poll() is not None:
+            return
+        os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+
+def start_inference(
+    port: int,
+    model_dir: Path,
+    log: Path,
+    *,
+    max_model_len: int = 2048,
+    timeout_s: float = 420.0,
+    extra_env: dict[str, str] | None = None,
+    progress=None,
+) -> InferenceProcess:
+    """Launch vLLM through the Procfile's script; returns once /health answers 200."""
+    if not (Path(model_dir) / "config.json").is_file():
+        raise LaunchError(f"no prepared checkpoint at {model_dir}: run `spade model prepare`")
+    env = dict(os.environ, SPADE_INFERENCE_PORT=str(port), SPADE_MODEL_DIR=str(model_dir),
+               SPADE_MAX_MODEL_LEN=str(max_model_len), **(extra_env or {}))
+    t0 = time.perf_counter()
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(["bash", str(INFERENCE_SCRIPT)], cwd=REPO, env=env,
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    server = InferenceProcess(port, proc, log, 0.0)
+    last_note = t0
+    while True:
+        if proc.poll() is not None:
+            raise LaunchError(f"vLLM exited with {proc.returncode} while starting:\n{server.tail()}")
+        try:
+            if httpx.get(f"{server.base_url}/health", timeout=2).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        now = time.perf_counter()
+        if now - t0 > timeout_s:
+            server.stop()
+            raise LaunchError(f"vLLM not healthy after {timeout_s:.0f}s:\n{server.tail()}")
+        if progress and now - last_note > 10:
+            progress(f"waiting for vLLM on port {port} ({now - t0:.0f}s)")
+            last_note = now
+        time.sleep(0.25)
+    server.start_seconds = time.perf_counter() - t0
+    return server
