@@ -83,6 +83,31 @@ class ModelConfig(_Strict):
     )
 
 
+class SandboxConfig(_Strict):
+    """Where generated environment code runs (DESIGN §4). Every layer is on by default."""
+
+    isolation: Literal["auto", "bwrap", "unshare", "none"] = Field(
+        "auto", description="auto = bwrap, else unshare (root); 'none' runs unisolated, loudly"
+    )
+    python: Path | None = Field(None, description="interpreter for workers; default: the "
+                                "base interpreter of this Python (never a venv's)")
+    slots: int = Field(8, ge=1, le=512, description="environment instances alive at once")
+    warm_workers: int = Field(4, ge=0, description="pre-started workers waiting for a load")
+    uid_base: int = Field(61000, ge=1000, description="slot i runs as uid/gid uid_base + i")
+    load_timeout_s: float = Field(10.0, gt=0, description="deadline of load (exec of the module)")
+    call_timeout_s: float = Field(5.0, gt=0, description="deadline of one reset/step/hint call")
+    start_timeout_s: float = Field(10.0, gt=0, description="deadline for a worker to be ready")
+    max_response_bytes: int = Field(1 << 20, ge=4096, description="cap on one reply's size")
+    address_space_mb: int = Field(1024, ge=64, description="RLIMIT_AS per worker process")
+    memory_mb: int = Field(512, ge=32, description="cgroup memory limit per slot (with /tmp)")
+    cpu_seconds: int = Field(60, ge=1, description="RLIMIT_CPU per worker (a whole episode)")
+    file_size_mb: int = Field(8, ge=1, description="RLIMIT_FSIZE")
+    tmp_size_mb: int = Field(16, ge=1, description="size of the private /tmp")
+    open_files: int = Field(64, ge=16, description="RLIMIT_NOFILE")
+    processes: int = Field(16, ge=2, description="RLIMIT_NPROC per slot uid, cgroup pids.max")
+    max_code_bytes: int = Field(64_000, ge=1000, description="static check: module size limit")
+
+
 class SpadeConfig(_Strict):
     """The whole tree; `checkpoint_dir` is derived, never configured twice."""
 
@@ -90,6 +115,7 @@ class SpadeConfig(_Strict):
     model: ModelConfig = Field(default_factory=ModelConfig)
     endpoints: list[EndpointConfig] = Field(default_factory=list)
     pool: PoolConfig = Field(default_factory=PoolConfig)
+    sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
 
 
 ENV_PREFIX = "SPADE__"

@@ -1,0 +1,420 @@
+"""The sandbox runtime: sandboxed worker processes, a warm pool of them, and environment sessions.
+
+One worker process per environment instance, spawned fresh (never forked from the daemon, which
+holds LanceDB and torch threads), spoken to over stdin/stdout with one JSON object per line. Every
+call has a deadline; on a timeout, a crash, an oversized reply or a protocol violation the whole
+worker is killed (process group, PID namespace, cgroup) and the session fails with the reason.
+Replies are untrusted: `contract.check_*` validates them here, outside the sandbox.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from collections import deque
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+from anyio.abc import Process, TaskStatus
+
+from spade_async.config import SandboxConfig
+from spade_async.envs.contract import (
+    ALLOWED_IMPORTS,
+    ContractError,
+    EnvMeta,
+    ResetResult,
+    StepResult,
+    check_meta,
+    check_reset,
+    check_step,
+)
+from spade_async.logs import get_logger
+from spade_async.sandbox.cgroups import SlotCgroups
+from spade_async.sandbox.isolation import MB, Isolation, choose_isolation
+
+log = get_logger("sandbox")
+WORKER_SOURCE = (Path(__file__).with_name("worker_main.py")).read_text()
+
+
+class SandboxError(RuntimeError):
+    """A sandbox call failed. `kind`: timeout, crashed, exception, syntax, contract, protocol,
+    output_limit, closed. The message is what a person (or the validator's report) reads."""
+
+    def __init__(self, kind: str, message: str, traceback: str = "") -> None:
+        super().__init__(message)
+        self.kind, self.traceback = kind, traceback
+
+
+class EnvException(SandboxError):
+    """The environment's own code raised; the worker survives and reports it."""
+
+
+def worker_limits(cfg: SandboxConfig, preload: bool) -> dict[str, Any]:
+    return {
+        "address_space_bytes": cfg.address_space_mb * MB,
+        "cpu_seconds": cfg.cpu_seconds,
+        "file_size_bytes": cfg.file_size_mb * MB,
+        "open_files": cfg.open_files,
+        "processes": cfg.processes,
+        "allowed_imports": sorted(ALLOWED_IMPORTS),
+        "preload": preload,
+    }
+
+
+class Worker:
+    """One sandboxed worker process. Not reusable across environments: it dies with its env."""
+
+    def __init__(self, proc: Process, slot: int, cfg: SandboxConfig,
+                 cgroups: SlotCgroups | None) -> None:
+        self.proc, self.slot, self.cfg, self.cgroups = proc, slot, cfg, cgroups
+        self._buf = bytearray()
+        self._next_id = 1
+        self.dead: str | None = None  # why, once it is
+        self.info: dict[str, Any] = {}
+
+    @classmethod
+    async def spawn(cls, iso: Isolation, slot: int, cfg: SandboxConfig,
+                    cgroups: SlotCgroups | None, preload: bool) -> Worker:
+        argv = [str(iso.python), "-I", "-S", "-c", WORKER_SOURCE,
+                json.dumps(worker_limits(cfg, preload))]
+        cmd = iso.wrap(slot, argv)
+        if cgroups is not None:
+            cgroups.prepare(slot)
+            cmd = cgroups.enter_prefix(slot) + cmd
+        proc = await anyio.open_process(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                        stderr=subprocess.PIPE, start_new_session=True)
+        worker = cls(proc, slot, cfg, cgroups)
+        try:
+            worker.info = await worker._reply(0, "start", cfg.start_timeout_s)
+        except SandboxError as exc:
+            err = await worker._stderr_tail()
+            await worker.kill()
+            raise SandboxError(exc.kind, f"worker did not start: {exc}" + (f": {err}" if err else
+                                                                           "")) from None
+        return worker
+
+    async def _stderr_tail(self) -> str:
+        if self.proc.stderr is None:
+            return ""
+        data = b""
+        with anyio.move_on_after(0.5):
+            try:
+                while len(data) < 4096:
+                    data += await self.proc.stderr.receive(4096)
+            except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
+                pass
+        return data.decode(errors="replace").strip()[-600:]
+
+    @property
+    def alive(self) -> bool:
+        return self.dead is None and self.proc.returncode is None
+
+    async def _read_line(self) -> bytes:
+        limit = self.cfg.max_response_bytes
+        assert self.proc.stdout is not None
+        while True:
+            nl = self._buf.find(b"\n")
+            if nl >= 0:
+                line = bytes(self._buf[:nl])
+                del self._buf[: nl + 1]
+                return line
+            if len(self._buf) > limit:
+                raise SandboxError("output_limit", f"reply exceeds {limit} bytes; worker killed")
+            try:
+                chunk = await self.proc.stdout.receive(65536)
+            except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
+                raise SandboxError("crashed", "worker exited") from None
+            self._buf += chunk
+
+    async def _reply(self, rid: int, op: str, timeout: float) -> Any:
+        try:
+            with anyio.fail_after(timeout):
+                while True:
+                    line = await self._read_line()
+                    try:
+                        msg = json.loads(line)
+                    except ValueError:
+                        raise SandboxError("protocol", f"{op}: worker sent a non-JSON line") from None
+                    if isinstance(msg, dict) and msg.get("id") == rid:
+                        break
+                    # A line with another id: forged by the environment or stale; drop it.
+        except TimeoutError:
+            await self.kill(f"{op} exceeded its {timeout:g}s deadline")
+            raise SandboxError("timeout", f"{op} exceeded its {timeout:g}s deadline; "
+                               "worker killed") from None
+        except SandboxError as exc:
+            if exc.kind == "crashed":
+                code = await self._exit_code()
+                exc = SandboxError("crashed", f"{op}: worker died ({_describe_exit(code)})")
+            await self.kill(str(exc))
+            raise exc from None
+        if not msg.get("ok"):
+            kind = str(msg.get("kind", "exception"))
+            error = str(msg.get("error", "unknown error"))[:2000]
+            raise EnvException(kind, error, str(msg.get("traceback", ""))[:4000])
+        return msg.get("result")
+
+    async def _exit_code(self) -> int | None:
+        with anyio.move_on_after(2.0):
+            return await self.proc.wait()
+        return None
+
+    async def call(self, op: str, timeout: float, **fields: Any) -> Any:
+        if not self.alive:
+            raise SandboxError("closed", f"{op}: the environment's worker is gone"
+                               + (f" ({self.dead})" if self.dead else ""))
+        rid, self._next_id = self._next_id, self._next_id + 1
+        data = json.dumps({"id": rid, "op": op, **fields}, ensure_ascii=False).encode() + b"\n"
+        assert self.proc.stdin is not None
+        try:
+            with anyio.fail_after(timeout):
+                await self.proc.stdin.send(data)
+        except TimeoutError:
+            await self.kill(f"{op}: worker stopped reading its input")
+            raise SandboxError("timeout", f"{op}: worker stopped reading its input; killed") from None
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+            await self.kill(f"{op}: worker exited")
+            raise SandboxError("crashed", f"{op}: worker exited before the call") from None
+        return await self._reply(rid, op, timeout)
+
+    async def kill(self, reason: str = "closed") -> None:
+        """Kill the whole worker: its process group, its PID namespace (bwrap dies -> its init
+        dies -> the kernel kills the namespace) and anything left in its cgroup."""
+        if self.dead is None:
+            self.dead = reason
+        with anyio.CancelScope(shield=True):
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            if self.cgroups is not None:
+                self.cgroups.sweep(self.slot)
+            with anyio.move_on_after(5.0):
+                await self.proc.wait()
+            if self.cgroups is not None:
+                with anyio.move_on_after(2.0):
+                    while self.cgroups.sweep(self.slot):
+                        await anyio.sleep(0.01)
+            await self.proc.aclose()
+
+    async def close(self) -> None:
+        if self.alive:
+            with anyio.move_on_after(0.5):
+                try:
+                    await self.call("close", 0.5)
+                except SandboxError:
+                    pass
+        await self.kill()
+
+
+def _describe_exit(code: int | None) -> str:
+    if code is None:
+        return "still running"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+class EnvSession:
+    """One loaded environment instance in its own worker; methods return frozen results."""
+
+    def __init__(self, worker: Worker, meta: EnvMeta, cfg: SandboxConfig) -> None:
+        self.worker, self.meta, self.cfg = worker, meta, cfg
+
+    async def _call(self, op: str, **fields: Any) -> Any:
+        return await self.worker.call(op, self.cfg.call_timeout_s, **fields)
+
+    async def reset(self, seed: int) -> ResetResult:
+        return _checked(check_reset, await self._call("reset", seed=int(seed)), "reset")
+
+    async def step(self, action: str) -> StepResult:
+        return _checked(check_step, await self._call("step", action=str(action)), "step")
+
+    async def hint(self) -> str:
+        res = await self._call("hint")
+        hint = res.get("hint") if isinstance(res, dict) else None
+        if not isinstance(hint, str):
+            raise SandboxError("contract", f"hint() must return a str, got {type(hint).__name__}")
+        return hint
+
+    async def solution(self) -> list[str]:
+        res = await self._call("solution")
+        actions = res.get("actions") if isinstance(res, dict) else None
+        if not isinstance(actions, list) or not all(isinstance(a, str) for a in actions):
+            raise SandboxError("contract", "solution() must return a list of str actions")
+        return actions
+
+
+def _checked(check, raw: Any, op: str):
+    try:
+        return check(raw)
+    except ContractError as exc:
+        raise SandboxError("contract", f"{op}: {exc}") from None
+
+
+@dataclass
+class SandboxStats:
+    started_cold: int = 0
+    started_warm: int = 0
+    killed: int = 0
+
+
+class Sandbox:
+    """Slots (one uid and cgroup each), a warm pool of pre-started workers, and `open(code)`.
+
+    Use as `async with Sandbox(cfg) as sb:`; the warm pool refills in the background task group.
+    """
+
+    def __init__(self, cfg: SandboxConfig, isolation: Isolation | None = None) -> None:
+        self.cfg = cfg
+        self._iso = isolation
+        self.cgroups: SlotCgroups | None = None
+        self._free: deque[int] = deque(range(cfg.slots))
+        self._warm: deque[Worker] = deque()
+        self._spawning = 0
+        self._changed = anyio.Event()
+        self._tg: anyio.abc.TaskGroup | None = None
+        self.stats = SandboxStats()
+
+    @property
+    def isolation(self) -> Isolation:
+        assert self._iso is not None, "use `async with Sandbox(...)`"
+        return self._iso
+
+    def layers(self) -> dict[str, bool]:
+        d = self.isolation.layers().describe()
+        d["cgroups"] = self.cgroups is not None
+        return d
+
+    async def __aenter__(self) -> Sandbox:
+        if self._iso is None:
+            self._iso = await anyio.to_thread.run_sync(choose_isolation, self.cfg)
+        if self.isolation.is_root and self.isolation.name != "none":
+            self.cgroups = SlotCgroups.create(f"spade-sandbox-{os.getpid()}",
+                                              self.cfg.memory_mb * MB, self.cfg.processes)
+        self._tg = anyio.create_task_group()
+        await self._tg.__aenter__()
+        self._tg.start_soon(self._refill_loop)
+        log.info("sandbox_ready", isolation=self.isolation.name, layers=self.layers(),
+                 slots=self.cfg.slots, warm=self.cfg.warm_workers)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._tg is not None
+        self._tg.cancel_scope.cancel()
+        await self._tg.__aexit__(None, None, None)
+        with anyio.CancelScope(shield=True):
+            while self._warm:
+                await self._warm.popleft().kill()
+            if self.cgroups is not None:
+                self.cgroups.remove()
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = anyio.Event()
+
+    async def _refill_loop(self) -> None:
+        while True:
+            while len(self._warm) + self._spawning < self.cfg.warm_workers and self._free:
+                slot = self._free.popleft()
+                self._spawning += 1
+                self._tg.start_soon(self._spawn_warm, slot)
+            await self._changed.wait()
+
+    async def _spawn_warm(self, slot: int) -> None:
+        try:
+            worker = await Worker.spawn(self.isolation, slot, self.cfg, self.cgroups, preload=True)
+        except SandboxError as exc:
+            log.error("warm_worker_failed", slot=slot, error=str(exc))
+            self._free.append(slot)
+            await anyio.sleep(1.0)  # don't spin on a broken host
+        else:
+            self._warm.append(worker)
+        finally:
+            self._spawning -= 1
+            self._notify()
+
+    async def _take_worker(self) -> Worker:
+        while True:
+            while self._warm:
+                worker = self._warm.popleft()
+                if worker.alive:
+                    self.stats.started_warm += 1
+                    self._notify()
+                    return worker
+                await worker.kill("died while warm")
+                self._free.append(worker.slot)
+            if self._free:
+                slot = self._free.popleft()
+                try:
+                    worker = await Worker.spawn(self.isolation, slot, self.cfg, self.cgroups,
+                                                preload=False)
+                except BaseException:
+                    self._free.append(slot)
+                    self._notify()
+                    raise
+                self.stats.started_cold += 1
+                return worker
+            await self._changed.wait()
+
+    def _give_back(self, worker: Worker) -> None:
+        self._free.append(worker.slot)
+        self.stats.killed += 1
+        self._notify()
+
+    @asynccontextmanager
+    async def open(self, code: str) -> AsyncIterator[EnvSession]:
+        """Load `code` in a fresh worker; the worker is killed when the block exits."""
+        size = len(code.encode())
+        if size > self.cfg.max_code_bytes:
+            raise SandboxError("contract", f"environment code is {size} bytes; the limit is "
+                               f"{self.cfg.max_code_bytes}")
+        worker = await self._take_worker()
+        try:
+            raw = await worker.call("load", self.cfg.load_timeout_s, code=code)
+            meta = _checked(check_meta, raw, "load")
+            yield EnvSession(worker, meta, self.cfg)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await worker.close()
+                self._give_back(worker)
+
+    async def spawn_cold(self) -> tuple[Worker, float]:
+        """Bench helper: one worker started the cold way, and how long it took to be ready."""
+        slot = self._free.popleft() if self._free else None
+        if slot is None:
+            raise SandboxError("closed", "no free slot for a cold start")
+        t0 = time.perf_counter()
+        try:
+            worker = await Worker.spawn(self.isolation, slot, self.cfg, self.cgroups, preload=False)
+        except BaseException:
+            self._free.append(slot)
+            raise
+        return worker, time.perf_counter() - t0
+
+    def release(self, worker: Worker) -> None:
+        self._give_back(worker)
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Service form for the daemon's task group."""
+        async with self:
+            task_status.started()
+            await anyio.sleep_forever()
+
+
+@asynccontextmanager
+async def open_env(cfg: SandboxConfig, code: str) -> AsyncIterator[EnvSession]:
+    """One-off: a sandbox with no warm pool, one environment (CLI commands)."""
+    one = cfg.model_copy(update={"warm_workers": 0, "slots": 1})
+    async with Sandbox(one) as sb, sb.open(code) as env:
+        yield env
