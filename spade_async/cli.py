@@ -18,7 +18,10 @@ model_app = typer.Typer(help="The embedded model checkpoint.", no_args_is_help=T
 app.add_typer(endpoints_app, name="endpoints")
 bench_app = typer.Typer(help="Benchmarks: figures measured side by side in one run.",
                         no_args_is_help=True)
+env_app = typer.Typer(help="Environments: validate and play them in the sandbox.",
+                      no_args_is_help=True)
 app.add_typer(model_app, name="model")
+app.add_typer(env_app, name="env")
 app.add_typer(bench_app, name="bench")
 
 DEFAULT_CONFIG = Path("configs/embedded.toml")
@@ -133,3 +136,121 @@ def bench_inference(
                f"median {lo['median'] * 1000:7.1f} ms over {lo['n']}")
     typer.echo(f"full reload:        first {fr['first'] * 1000:7.1f} ms, "
                f"median {fr['median'] * 1000:7.1f} ms over {fr['n']}")
+
+
+def _read_env_file(path: Path) -> str:
+    try:
+        return path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        typer.echo(f"error: cannot read environment file {path}: {exc}", err=True)
+        raise typer.Exit(2) from None
+
+
+def _sandbox_error(exc: Exception) -> None:
+    typer.echo(f"error: {exc}", err=True)
+    raise typer.Exit(2) from None
+
+
+@env_app.command("validate")
+def env_validate(
+    files: list[Path] = typer.Argument(..., help="environment module(s) (.py)"),
+    config: Path = ConfigOpt,
+    as_json: bool = JsonOpt,
+) -> None:
+    """Run the validation pipeline; exit 0 when every file is accepted, 1 if any is rejected."""
+    from spade_async.envs.validate import validate
+    from spade_async.sandbox.isolation import SandboxUnavailable
+    from spade_async.sandbox.runtime import Sandbox
+
+    cfg = _config(config)
+    codes = [(f, _read_env_file(f)) for f in files]
+    sb_cfg = cfg.sandbox.model_copy(update={"warm_workers": min(cfg.sandbox.warm_workers, 2)})
+
+    async def run_all():
+        async with Sandbox(sb_cfg) as sb:
+            return [(f, await validate(code, sb, cfg.validation)) for f, code in codes]
+
+    try:
+        reports = anyio.run(run_all)
+    except SandboxUnavailable as exc:
+        _sandbox_error(exc)
+    if as_json:
+        out = [{"file": str(f), **r.as_dict()} for f, r in reports]
+        typer.echo(json.dumps(out[0] if len(out) == 1 else out, indent=2))
+    else:
+        for f, r in reports:
+            verdict = "ACCEPTED" if r.accepted else "REJECTED"
+            name = r.meta.name if r.meta else "?"
+            typer.echo(f"{f}: {verdict} ({name}, {r.seconds * 1000:.0f} ms)")
+            for c in r.checks:
+                mark = {True: "ok  ", False: "FAIL", None: "skip"}[c.passed]
+                line = f"  {mark} {c.name}"
+                if c.reason and c.passed is not True:
+                    line += ": " + c.reason.replace("\n", "\n        ")
+                elif c.reason:
+                    line += f" ({c.reason})"
+                typer.echo(line)
+    if not all(r.accepted for _, r in reports):
+        raise typer.Exit(1)
+
+
+@env_app.command("play")
+def env_play(
+    file: Path = typer.Argument(..., help="environment module (.py)"),
+    seed: int = typer.Option(0, "--seed", help="episode seed"),
+    hint: bool = typer.Option(False, "--hint", help="show the privileged hint first"),
+    config: Path = ConfigOpt,
+) -> None:
+    """Play an environment turn by turn, as a person: read an action, show the reward.
+    A tool call is typed as `name {"arg": ...}` or as the canonical JSON."""
+    from spade_async.envs.contract import episode_score, tool_call_action
+    from spade_async.sandbox.isolation import SandboxUnavailable
+    from spade_async.sandbox.runtime import SandboxError, open_env
+
+    cfg = _config(config)
+    code = _read_env_file(file)
+
+    def to_action(line: str, tool_names: set[str]) -> str:
+        head, _, rest = line.strip().partition(" ")
+        if head in tool_names:
+            try:
+                return tool_call_action(head, json.loads(rest) if rest.strip() else {})
+            except json.JSONDecodeError:
+                typer.echo("  (arguments are not JSON; sent as plain text)")
+        return line
+
+    async def play():
+        async with open_env(cfg.sandbox, code) as env:
+            m = env.meta
+            typer.echo(f"== {m.name} (max {m.max_turns} turns, seed {seed})\n{m.description}")
+            tools = {t["function"]["name"] for t in m.tools}
+            for t in m.tools:
+                fn = t["function"]
+                typer.echo(f"  tool {fn['name']}: {fn.get('description', '')}")
+            first = await env.reset(seed)
+            if hint:
+                typer.echo(f"[hint] {await env.hint()}")
+            typer.echo(f"\n{first.observation}")
+            rewards: list[float] = []
+            for turn in range(1, m.max_turns + 1):
+                try:
+                    line = await anyio.to_thread.run_sync(input, f"[{turn}/{m.max_turns}] > ")
+                except EOFError:
+                    typer.echo("\n(quit)")
+                    break
+                res = await env.step(to_action(line, tools))
+                rewards.append(res.reward)
+                typer.echo(f"{res.observation}\n  reward {res.reward:g}"
+                           + ("  [terminated]" if res.terminated else "")
+                           + ("  [truncated]" if res.truncated else ""))
+                if res.done:
+                    break
+            typer.echo(f"score {episode_score(rewards):g}")
+
+    try:
+        anyio.run(play)
+    except SandboxUnavailable as exc:
+        _sandbox_error(exc)
+    except SandboxError as exc:
+        typer.echo(f"error: environment failed: {exc}", err=True)
+        raise typer.Exit(1) from None

@@ -108,6 +108,15 @@ class SandboxConfig(_Strict):
     max_code_bytes: int = Field(64_000, ge=1000, description="static check: module size limit")
 
 
+class ValidationConfig(_Strict):
+    """The acceptance checks of DESIGN §3 run on every proposed environment."""
+
+    seeds: list[int] = Field([0, 1, 2], min_length=1, description="seeds for every sandbox check")
+    exploit_threshold: float = Field(0.5, gt=0, le=1, description="a probe policy scoring this "
+                                     "much means the environment is trivially exploitable")
+    solution_score: float = Field(1.0, gt=0, le=1, description="score the solution must reach")
+
+
 class SpadeConfig(_Strict):
     """The whole tree; `checkpoint_dir` is derived, never configured twice."""
 
@@ -116,6 +125,7 @@ class SpadeConfig(_Strict):
     endpoints: list[EndpointConfig] = Field(default_factory=list)
     pool: PoolConfig = Field(default_factory=PoolConfig)
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
+    validation: ValidationConfig = Field(default_factory=ValidationConfig)
 
 
 ENV_PREFIX = "SPADE__"

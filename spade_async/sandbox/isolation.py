@@ -129,7 +129,7 @@ class BwrapIsolation(Isolation):
             if not system.exists():
                 raise SandboxUnavailable(f"bwrap: {self.python} is not readable by the slot uids "
                                          "and there is no /usr/bin/python3; set sandbox.python")
-            log.info("sandbox_interpreter", chosen=str(system),
+            log.debug("sandbox_interpreter", chosen=str(system),
                      reason=f"{self.python} is not readable by unprivileged uids")
             self.python = system
 

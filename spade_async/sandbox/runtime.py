@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-from anyio.abc import Process, TaskStatus
+from anyio.abc import TaskStatus
 
 from spade_async.config import SandboxConfig
 from spade_async.envs.contract import (
@@ -69,56 +69,66 @@ def worker_limits(cfg: SandboxConfig, preload: bool) -> dict[str, Any]:
 
 
 class Worker:
-    """One sandboxed worker process. Not reusable across environments: it dies with its env."""
+    """One sandboxed worker process. Not reusable across environments: it dies with its env.
 
-    def __init__(self, proc: Process, slot: int, cfg: SandboxConfig,
+    Launched with a plain `Popen` (fork+exec of a fresh interpreter, nothing inherited but
+    three pipes) so that the warm pool refills without a background task; the pipes are
+    non-blocking and read through `anyio.wait_readable`.
+    """
+
+    def __init__(self, proc: subprocess.Popen, slot: int, cfg: SandboxConfig,
                  cgroups: SlotCgroups | None) -> None:
         self.proc, self.slot, self.cfg, self.cgroups = proc, slot, cfg, cgroups
         self._buf = bytearray()
         self._next_id = 1
         self.dead: str | None = None  # why, once it is
-        self.info: dict[str, Any] = {}
+        self.info: dict[str, Any] | None = None  # the ready message, once read
+        self.launched_at = time.perf_counter()
+        for f in (proc.stdin, proc.stdout, proc.stderr):
+            os.set_blocking(f.fileno(), False)
 
     @classmethod
-    async def spawn(cls, iso: Isolation, slot: int, cfg: SandboxConfig,
-                    cgroups: SlotCgroups | None, preload: bool) -> Worker:
+    def launch(cls, iso: Isolation, slot: int, cfg: SandboxConfig,
+               cgroups: SlotCgroups | None, preload: bool) -> Worker:
         argv = [str(iso.python), "-I", "-S", "-c", WORKER_SOURCE,
                 json.dumps(worker_limits(cfg, preload))]
         cmd = iso.wrap(slot, argv)
         if cgroups is not None:
             cgroups.prepare(slot)
             cmd = cgroups.enter_prefix(slot) + cmd
-        proc = await anyio.open_process(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                        stderr=subprocess.PIPE, start_new_session=True)
-        worker = cls(proc, slot, cfg, cgroups)
         try:
-            worker.info = await worker._reply(0, "start", cfg.start_timeout_s)
-        except SandboxError as exc:
-            err = await worker._stderr_tail()
-            await worker.kill()
-            raise SandboxError(exc.kind, f"worker did not start: {exc}" + (f": {err}" if err else
-                                                                           "")) from None
-        return worker
+            proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, start_new_session=True,
+                                    close_fds=True, env={}, cwd="/")
+        except OSError as exc:
+            raise SandboxError("crashed", f"cannot launch a worker: {exc}") from None
+        return cls(proc, slot, cfg, cgroups)
 
-    async def _stderr_tail(self) -> str:
-        if self.proc.stderr is None:
-            return ""
-        data = b""
-        with anyio.move_on_after(0.5):
+    async def ready(self) -> Worker:
+        """Wait for the worker's ready line (already there for a warm one)."""
+        if self.info is None:
             try:
-                while len(data) < 4096:
-                    data += await self.proc.stderr.receive(4096)
-            except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
-                pass
+                self.info = await self._reply(0, "start", self.cfg.start_timeout_s)
+            except SandboxError as exc:
+                err = self._stderr_tail()
+                raise SandboxError(exc.kind, f"worker did not start: {exc}"
+                                   + (f": {err}" if err else "")) from None
+        return self
+
+    def _stderr_tail(self) -> str:
+        try:
+            data = os.read(self.proc.stderr.fileno(), 4096)
+        except OSError:
+            data = b""
         return data.decode(errors="replace").strip()[-600:]
 
     @property
     def alive(self) -> bool:
-        return self.dead is None and self.proc.returncode is None
+        return self.dead is None and self.proc.poll() is None
 
     async def _read_line(self) -> bytes:
         limit = self.cfg.max_response_bytes
-        assert self.proc.stdout is not None
+        fd = self.proc.stdout.fileno()
         while True:
             nl = self._buf.find(b"\n")
             if nl >= 0:
@@ -128,9 +138,12 @@ class Worker:
             if len(self._buf) > limit:
                 raise SandboxError("output_limit", f"reply exceeds {limit} bytes; worker killed")
             try:
-                chunk = await self.proc.stdout.receive(65536)
-            except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
-                raise SandboxError("crashed", "worker exited") from None
+                chunk = os.read(fd, 1 << 16)
+            except BlockingIOError:
+                await anyio.wait_readable(fd)
+                continue
+            if not chunk:
+                raise SandboxError("crashed", "worker exited")
             self._buf += chunk
 
     async def _reply(self, rid: int, op: str, timeout: float) -> Any:
@@ -151,7 +164,7 @@ class Worker:
                                "worker killed") from None
         except SandboxError as exc:
             if exc.kind == "crashed":
-                code = await self._exit_code()
+                code = await self._exit_code(2.0)
                 exc = SandboxError("crashed", f"{op}: worker died ({_describe_exit(code)})")
             await self.kill(str(exc))
             raise exc from None
@@ -161,25 +174,37 @@ class Worker:
             raise EnvException(kind, error, str(msg.get("traceback", ""))[:4000])
         return msg.get("result")
 
-    async def _exit_code(self) -> int | None:
-        with anyio.move_on_after(2.0):
-            return await self.proc.wait()
-        return None
+    async def _exit_code(self, timeout: float) -> int | None:
+        with anyio.move_on_after(timeout):
+            while self.proc.poll() is None:
+                await anyio.sleep(0.005)
+        return self.proc.returncode
+
+    async def _write(self, data: bytes) -> None:
+        fd = self.proc.stdin.fileno()
+        view = memoryview(data)
+        while view:
+            try:
+                n = os.write(fd, view)
+            except BlockingIOError:
+                await anyio.wait_writable(fd)
+                continue
+            view = view[n:]
 
     async def call(self, op: str, timeout: float, **fields: Any) -> Any:
         if not self.alive:
             raise SandboxError("closed", f"{op}: the environment's worker is gone"
                                + (f" ({self.dead})" if self.dead else ""))
+        await self.ready()
         rid, self._next_id = self._next_id, self._next_id + 1
         data = json.dumps({"id": rid, "op": op, **fields}, ensure_ascii=False).encode() + b"\n"
-        assert self.proc.stdin is not None
         try:
             with anyio.fail_after(timeout):
-                await self.proc.stdin.send(data)
+                await self._write(data)
         except TimeoutError:
             await self.kill(f"{op}: worker stopped reading its input")
             raise SandboxError("timeout", f"{op}: worker stopped reading its input; killed") from None
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+        except OSError:
             await self.kill(f"{op}: worker exited")
             raise SandboxError("crashed", f"{op}: worker exited before the call") from None
         return await self._reply(rid, op, timeout)
@@ -190,22 +215,41 @@ class Worker:
         if self.dead is None:
             self.dead = reason
         with anyio.CancelScope(shield=True):
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-            if self.cgroups is not None:
-                self.cgroups.sweep(self.slot)
-            with anyio.move_on_after(5.0):
-                await self.proc.wait()
+            self._signal_all()
+            await self._exit_code(5.0)
             if self.cgroups is not None:
                 with anyio.move_on_after(2.0):
                     while self.cgroups.sweep(self.slot):
                         await anyio.sleep(0.01)
-            await self.proc.aclose()
+            self._close_pipes()
+
+    def _signal_all(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        if self.cgroups is not None:
+            self.cgroups.sweep(self.slot)
+
+    def _close_pipes(self) -> None:
+        for f in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+            try:
+                f.close()
+            except OSError:
+                pass
+
+    def kill_now(self) -> None:
+        """Synchronous kill for teardown paths that cannot await."""
+        self.dead = self.dead or "closed"
+        self._signal_all()
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+        self._close_pipes()
 
     async def close(self) -> None:
-        if self.alive:
+        if self.alive and self.info is not None:
             with anyio.move_on_after(0.5):
                 try:
                     await self.call("close", 0.5)
@@ -272,7 +316,8 @@ class SandboxStats:
 class Sandbox:
     """Slots (one uid and cgroup each), a warm pool of pre-started workers, and `open(code)`.
 
-    Use as `async with Sandbox(cfg) as sb:`; the warm pool refills in the background task group.
+    Use as `async with Sandbox(cfg) as sb:`. Workers are launched with a non-blocking Popen,
+    so the warm pool refills right where a slot frees up, without a background task.
     """
 
     def __init__(self, cfg: SandboxConfig, isolation: Isolation | None = None) -> None:
@@ -281,9 +326,8 @@ class Sandbox:
         self.cgroups: SlotCgroups | None = None
         self._free: deque[int] = deque(range(cfg.slots))
         self._warm: deque[Worker] = deque()
-        self._spawning = 0
         self._changed = anyio.Event()
-        self._tg: anyio.abc.TaskGroup | None = None
+        self._open = False
         self.stats = SandboxStats()
 
     @property
@@ -302,17 +346,14 @@ class Sandbox:
         if self.isolation.is_root and self.isolation.name != "none":
             self.cgroups = SlotCgroups.create(f"spade-sandbox-{os.getpid()}",
                                               self.cfg.memory_mb * MB, self.cfg.processes)
-        self._tg = anyio.create_task_group()
-        await self._tg.__aenter__()
-        self._tg.start_soon(self._refill_loop)
+        self._open = True
+        self._refill()
         log.info("sandbox_ready", isolation=self.isolation.name, layers=self.layers(),
                  slots=self.cfg.slots, warm=self.cfg.warm_workers)
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        assert self._tg is not None
-        self._tg.cancel_scope.cancel()
-        await self._tg.__aexit__(None, None, None)
+        self._open = False
         with anyio.CancelScope(shield=True):
             while self._warm:
                 await self._warm.popleft().kill()
@@ -323,42 +364,36 @@ class Sandbox:
         self._changed.set()
         self._changed = anyio.Event()
 
-    async def _refill_loop(self) -> None:
-        while True:
-            while len(self._warm) + self._spawning < self.cfg.warm_workers and self._free:
-                slot = self._free.popleft()
-                self._spawning += 1
-                self._tg.start_soon(self._spawn_warm, slot)
-            await self._changed.wait()
-
-    async def _spawn_warm(self, slot: int) -> None:
-        try:
-            worker = await Worker.spawn(self.isolation, slot, self.cfg, self.cgroups, preload=True)
-        except SandboxError as exc:
-            log.error("warm_worker_failed", slot=slot, error=str(exc))
-            self._free.append(slot)
-            await anyio.sleep(1.0)  # don't spin on a broken host
-        else:
-            self._warm.append(worker)
-        finally:
-            self._spawning -= 1
-            self._notify()
+    def _refill(self) -> None:
+        while self._open and len(self._warm) < self.cfg.warm_workers and self._free:
+            slot = self._free.popleft()
+            try:
+                self._warm.append(Worker.launch(self.isolation, slot, self.cfg, self.cgroups,
+                                                preload=True))
+            except SandboxError as exc:
+                log.error("warm_worker_failed", slot=slot, error=str(exc))
+                self._free.append(slot)
+                return
 
     async def _take_worker(self) -> Worker:
         while True:
             while self._warm:
                 worker = self._warm.popleft()
-                if worker.alive:
-                    self.stats.started_warm += 1
-                    self._notify()
-                    return worker
-                await worker.kill("died while warm")
-                self._free.append(worker.slot)
+                try:
+                    await worker.ready()
+                except SandboxError as exc:
+                    log.warning("warm_worker_lost", slot=worker.slot, error=str(exc))
+                    await worker.kill("died while warm")
+                    self._free.append(worker.slot)
+                    continue
+                self.stats.started_warm += 1
+                self._refill()
+                return worker
             if self._free:
                 slot = self._free.popleft()
                 try:
-                    worker = await Worker.spawn(self.isolation, slot, self.cfg, self.cgroups,
-                                                preload=False)
+                    worker = await Worker.launch(self.isolation, slot, self.cfg, self.cgroups,
+                                                 preload=False).ready()
                 except BaseException:
                     self._free.append(slot)
                     self._notify()
@@ -370,6 +405,7 @@ class Sandbox:
     def _give_back(self, worker: Worker) -> None:
         self._free.append(worker.slot)
         self.stats.killed += 1
+        self._refill()
         self._notify()
 
     @asynccontextmanager
@@ -388,22 +424,6 @@ class Sandbox:
             with anyio.CancelScope(shield=True):
                 await worker.close()
                 self._give_back(worker)
-
-    async def spawn_cold(self) -> tuple[Worker, float]:
-        """Bench helper: one worker started the cold way, and how long it took to be ready."""
-        slot = self._free.popleft() if self._free else None
-        if slot is None:
-            raise SandboxError("closed", "no free slot for a cold start")
-        t0 = time.perf_counter()
-        try:
-            worker = await Worker.spawn(self.isolation, slot, self.cfg, self.cgroups, preload=False)
-        except BaseException:
-            self._free.append(slot)
-            raise
-        return worker, time.perf_counter() - t0
-
-    def release(self, worker: Worker) -> None:
-        self._give_back(worker)
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Service form for the daemon's task group."""

@@ -59,12 +59,22 @@ def _env_builtins():
     return safe
 
 
-def _trace(exc):
-    import traceback
+SOURCE_LINES = []
 
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == "<environment>"]
-    lines = [f"  line {f.lineno}, in {f.name}: {f.line or ''}".rstrip() for f in frames[-8:]]
-    text = "\n".join(lines + [f"{type(exc).__name__}: {exc}"])
+
+def _trace(exc):
+    """The environment's frames only, without importing traceback (which may be impossible
+    right now: the environment may have used up every file descriptor)."""
+    lines = []
+    tb = exc.__traceback__
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if code.co_filename == "<environment>":
+            n = tb.tb_lineno
+            src = SOURCE_LINES[n - 1].strip() if 0 < n <= len(SOURCE_LINES) else ""
+            lines.append(f"  line {n}, in {code.co_name}: {src}".rstrip())
+        tb = tb.tb_next
+    text = "\n".join(lines[-8:] + [f"{type(exc).__name__}: {exc}"])
     return text[-MAX_TRACE:]
 
 
@@ -73,6 +83,7 @@ class _Session:
         self.env = None
 
     def load(self, req):
+        SOURCE_LINES[:] = req["code"].splitlines()
         code = compile(req["code"], "<environment>", "exec")
         ns = {"__name__": "environment", "__builtins__": _env_builtins()}
         exec(code, ns)
@@ -183,8 +194,12 @@ def main():
             msg = f"{type(exc).__name__}: {exc}"
             if isinstance(exc, SyntaxError):
                 msg = f"SyntaxError: {exc.msg} (line {exc.lineno})"
+            try:
+                trace = _trace(exc)
+            except BaseException:
+                trace = ""
             send({"id": rid, "ok": False, "kind": kind, "error": f"{op}: {msg}"[:2000],
-                  "traceback": _trace(exc)})
+                  "traceback": trace})
             continue
         send({"id": rid, "ok": True, "op": op, "result": result})
 
