@@ -254,3 +254,38 @@ def env_play(
     except SandboxError as exc:
         typer.echo(f"error: environment failed: {exc}", err=True)
         raise typer.Exit(1) from None
+
+
+@bench_app.command("sandbox")
+def bench_sandbox(
+    config: Path = ConfigOpt,
+    runs: int = typer.Option(30, "--runs", min=3, help="starts of each kind"),
+    steps: int = typer.Option(2000, "--steps", min=10, help="steps timed for the round trip"),
+    as_json: bool = JsonOpt,
+) -> None:
+    """Environment cold start / bare interpreter started the same way, warm start, step RTT."""
+    from spade_async.bench.sandbox import run_sandbox_bench
+    from spade_async.sandbox.isolation import SandboxUnavailable
+
+    cfg = _config(config)
+    typer.echo(f"[bench] {runs} starts of each kind, {steps} steps ...", err=True)
+    try:
+        r = run_sandbox_bench(cfg.sandbox, runs=runs, steps=steps)
+    except SandboxUnavailable as exc:
+        _sandbox_error(exc)
+    if as_json:
+        typer.echo(json.dumps(r, indent=2))
+        return
+    on = [k for k, v in r["layers"].items() if v]
+    off = [k for k, v in r["layers"].items() if not v]
+    typer.echo(f"isolation: {r['isolation']}; layers on: {', '.join(on)}"
+               + (f"; off: {', '.join(off)}" if off else ""))
+    for label, key in [("bare python3 -I -S, sandboxed", "bare_python_sandboxed"),
+                       ("bare python3 -I -S, no sandbox", "bare_python_unsandboxed"),
+                       ("environment cold start", "cold_start"),
+                       ("environment warm start (pool)", "warm_start")]:
+        m = r[key]
+        typer.echo(f"{label:32s} median {m['median_ms']:7.2f} ms   p90 {m['p90_ms']:7.2f} ms")
+    typer.echo(f"cold start / bare (same way):    {r['cold_over_bare']:.2f}x")
+    s = r["step_roundtrip_us"]
+    typer.echo(f"step round trip:                 median {s['median']:.0f} us   p90 {s['p90']:.0f} us")

@@ -194,15 +194,23 @@ async def validate(code: str, sandbox: Sandbox, vcfg: ValidationConfig | None = 
             try:
                 seeds = vcfg.seeds
                 # determinism
+                # Hidden state counts too: the hint and the solution reveal it.
+                async def episode_start(seed: int) -> tuple:
+                    first = await env.reset(seed)
+                    sol = await env.solution() if meta.has_solution else None
+                    return first.observation, first.info, await env.hint(), sol
+
                 diffs = []
                 for seed in seeds:
-                    a, b = await env.reset(seed), await env.reset(seed)
+                    a, b = await episode_start(seed), await episode_start(seed)
                     if a != b:
-                        diffs.append(seed)
+                        what = [w for w, x, y in zip(("observation", "info", "hint", "solution"),
+                                                     a, b, strict=True) if x != y]
+                        diffs.append(f"reset({seed}) twice gave a different {' and '.join(what)}")
                         break
-                first = {s: (await env.reset(s)).observation for s in seeds}
                 record("determinism", not diffs, "" if not diffs else
-                       f"reset({diffs[0]}) twice gave different observations or info")
+                       diffs[0] + " (seed the environment's random.Random(seed), not the global "
+                       "random module or the clock)")
                 # hint
                 empty = []
                 for seed in seeds:
@@ -256,7 +264,6 @@ async def validate(code: str, sandbox: Sandbox, vcfg: ValidationConfig | None = 
                            f"replaying solution() for seed {short[0][0]} ({short[0][2]} actions) "
                            f"scores {short[0][1]:.2f}, not {vcfg.solution_score:g}: the verifier "
                            "or the solution is broken")
-                del first
             except SandboxError as exc:
                 _record_failure(results, exc)
     except SandboxError as exc:

@@ -9,6 +9,7 @@ Replies are untrusted: `contract.check_*` validates them here, outside the sandb
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -313,6 +314,9 @@ class SandboxStats:
     killed: int = 0
 
 
+_instances = itertools.count()
+
+
 class Sandbox:
     """Slots (one uid and cgroup each), a warm pool of pre-started workers, and `open(code)`.
 
@@ -344,7 +348,8 @@ class Sandbox:
         if self._iso is None:
             self._iso = await anyio.to_thread.run_sync(choose_isolation, self.cfg)
         if self.isolation.is_root and self.isolation.name != "none":
-            self.cgroups = SlotCgroups.create(f"spade-sandbox-{os.getpid()}",
+            # One group per Sandbox: a second one in this process must not sweep our slots.
+            self.cgroups = SlotCgroups.create(f"spade-sandbox-{os.getpid()}-{next(_instances)}",
                                               self.cfg.memory_mb * MB, self.cfg.processes)
         self._open = True
         self._refill()

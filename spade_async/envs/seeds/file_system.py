@@ -1,0 +1,208 @@
+"""Multi-turn tool use on a small in-memory file system: gather numbers from logs, write a report."""
+
+import json
+import random
+
+TOOLS = [
+    {"type": "function", "function": {
+        "name": "ls", "description": "List a directory; subdirectories end with '/'.",
+        "parameters": {"type": "object", "properties": {"path": {"type": "string"}},
+                       "required": ["path"]}}},
+    {"type": "function", "function": {
+        "name": "cat", "description": "Print the content of a file.",
+        "parameters": {"type": "object", "properties": {"path": {"type": "string"}},
+                       "required": ["path"]}}},
+    {"type": "function", "function": {
+        "name": "write", "description": "Create or overwrite a file; its directory must exist.",
+        "parameters": {"type": "object", "properties": {
+            "path": {"type": "string"}, "content": {"type": "string"}},
+            "required": ["path", "content"]}}},
+    {"type": "function", "function": {
+        "name": "mkdir", "description": "Create a directory; its parent must exist.",
+        "parameters": {"type": "object", "properties": {"path": {"type": "string"}},
+                       "required": ["path"]}}},
+    {"type": "function", "function": {
+        "name": "submit", "description": "Declare the task done; the file system is then checked.",
+        "parameters": {"type": "object", "properties": {}, "required": []}}},
+]
+SUBDIRS = ["web", "api", "batch", "cache", "edge", "jobs", "mail", "auth"]
+STEMS = ["access", "events", "server", "audit", "worker", "gateway", "metrics", "daily", "sync"]
+
+
+def _call(tool, **arguments):
+    return json.dumps({"tool": tool, "arguments": arguments})
+
+
+def _parse_call(action):
+    try:
+        obj = json.loads(action)
+    except Exception:
+        return None, None
+    if not isinstance(obj, dict) or not isinstance(obj.get("tool"), str):
+        return None, None
+    args = obj.get("arguments", {})
+    if args is None:
+        args = {}
+    if isinstance(args, str):
+        try:
+            args = json.loads(args) if args.strip() else {}
+        except Exception:
+            return obj["tool"], None
+    return obj["tool"], args if isinstance(args, dict) else None
+
+
+def _norm(path):
+    if not isinstance(path, str) or not path.startswith("/") or len(path) > 200:
+        return None
+    parts = []
+    for seg in path.split("/"):
+        if seg in ("", "."):
+            continue
+        if seg == "..":
+            if parts:
+                parts.pop()
+            continue
+        parts.append(seg)
+    return "/" + "/".join(parts)
+
+
+def _parent(path):
+    return path.rsplit("/", 1)[0] or "/"
+
+
+class Environment:
+    name = "file_system"
+    description = (
+        "Multi-turn tool use on a small in-memory file system. Each file whose name ends in "
+        "'.log' anywhere under /data (directly in /data or in its subdirectories) contains one "
+        "line 'requests=<n>'. Compute the sum of those n over all .log files (ignore every other "
+        "file), create the directory /report, write the sum as a bare integer to "
+        "/report/total.txt, do not modify anything under /data, then call submit. Tools: "
+        "ls(path), cat(path), write(path, content), mkdir(path), submit(); paths are absolute. "
+        "Each reply must be one JSON tool call exactly like {\"tool\": \"ls\", \"arguments\": "
+        "{\"path\": \"/data\"}}. Submitting ends the episode and pays 1 only if the report is "
+        "right."
+    )
+    max_turns = 12
+    tools = TOOLS
+
+    _done = True
+    _turns = 0
+
+    def reset(self, seed):
+        rng = random.Random(seed)
+        subs = rng.sample(SUBDIRS, 2)
+        dirs = ["/", "/data", "/data/" + subs[0], "/data/" + subs[1], "/home"]
+        files = {"/home/notes.txt": "remember: reports go to /report\n"}
+        logs = []
+        for d in dirs[1:4]:
+            stems = rng.sample(STEMS, 3)
+            n = rng.randint(100, 999)
+            path = f"{d}/{stems[0]}.log"
+            logs.append(path)
+            files[path] = (f"host={rng.choice(SUBDIRS)}-{rng.randint(1, 9)}\n"
+                           f"date=2024-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}\n"
+                           f"requests={n}\nstatus=ok\n")
+            files[f"{d}/{stems[1]}.txt"] = f"draft notes\nrequests={rng.randint(100, 999)}\n"
+            if rng.random() < 0.6:
+                files[f"{d}/{stems[2]}.log.bak"] = f"requests={rng.randint(100, 999)}\nstale\n"
+        self._dirs = list(dirs)
+        self._files = files
+        self._original = {k: v for k, v in files.items() if k.startswith("/data/")}
+        self._logs = logs
+        self._total = sum(int(files[p].split("requests=")[1].split("\n")[0]) for p in logs)
+        self._subs = ["/data/" + s for s in subs]
+        self._turns = 0
+        self._done = False
+        obs = ("A file system with /data and /home is mounted. Start with ls /data. Reply with "
+               "one JSON tool call per turn.")
+        return obs, {"directories": len(dirs), "files": len(files)}
+
+    def step(self, action):
+        if self._done:
+            return "episode is over", 0.0, True, False, {}
+        self._turns += 1
+        try:
+            obs, reward, term, info = self._act(str(action))
+        except Exception as exc:  # step must never raise
+            obs, reward, term, info = "internal error: " + str(exc)[:200], 0.0, False, {}
+        trunc = (not term) and self._turns >= self.max_turns
+        self._done = term or trunc
+        if trunc:
+            obs += " Out of turns; the episode is over without a submit."
+        return obs, float(reward), term, trunc, info
+
+    def _act(self, action):
+        tool, args = _parse_call(action)
+        if tool is None:
+            return ("Not a tool call. Reply with JSON like {\"tool\": \"ls\", \"arguments\": "
+                    "{\"path\": \"/data\"}}.", 0.0, False, {"error": "not_a_tool_call"})
+        if args is None:
+            return "The arguments must be a JSON object.", 0.0, False, {"error": "bad_arguments"}
+        if tool not in ("ls", "cat", "write", "mkdir", "submit"):
+            return (f"Unknown tool {tool[:40]!r}; use ls, cat, write, mkdir or submit.", 0.0,
+                    False, {"error": "unknown_tool"})
+        if tool == "submit":
+            return self._submit()
+        path = _norm(args.get("path"))
+        if path is None:
+            return f"{tool} needs an absolute string 'path' such as '/data'.", 0.0, False, {
+                "error": "bad_path"}
+        info = {"tool": tool}
+        if tool == "ls":
+            if path not in self._dirs:
+                return f"ls: {path}: no such directory", 0.0, False, info
+            prefix = path.rstrip("/") + "/"
+            names = [d[len(prefix):] + "/" for d in self._dirs
+                     if d != path and _parent(d) == path]
+            names += [f[len(prefix):] for f in self._files if _parent(f) == path]
+            return json.dumps({"path": path, "entries": sorted(names)}), 0.0, False, info
+        if tool == "cat":
+            if path not in self._files:
+                return f"cat: {path}: no such file", 0.0, False, info
+            return self._files[path], 0.0, False, info
+        if path in self._dirs:
+            return f"{tool}: {path}: a directory with that name exists", 0.0, False, info
+        if _parent(path) not in self._dirs:
+            return f"{tool}: {_parent(path)}: no such directory", 0.0, False, info
+        if tool == "mkdir":
+            if path in self._files:
+                return f"mkdir: {path}: a file with that name exists", 0.0, False, info
+            self._dirs.append(path)
+            return f"created directory {path}", 0.0, False, info
+        content = args.get("content")
+        if isinstance(content, bool) or not isinstance(content, (str, int, float)):
+            return "write needs a string 'content'.", 0.0, False, {"error": "bad_arguments"}
+        content = str(content)
+        if len(content) > 2000 or len(self._files) >= 60:
+            return "write: no space left (files are limited to 2000 characters).", 0.0, False, info
+        self._files[path] = content
+        return f"wrote {len(content)} characters to {path}", 0.0, False, info
+
+    def _submit(self):
+        problems = []
+        if "/report" not in self._dirs:
+            problems.append("/report is not a directory")
+        got = self._files.get("/report/total.txt")
+        if got is None:
+            problems.append("/report/total.txt does not exist")
+        elif got.strip() != str(self._total):
+            problems.append("/report/total.txt does not hold the right total")
+        now = {k: v for k, v in self._files.items() if k.startswith("/data/")}
+        if now != self._original:
+            problems.append("files under /data were modified")
+        if problems:
+            return "Submitted, but " + "; ".join(problems) + ".", 0.0, True, {"success": False}
+        return "Submitted: the report is right.", 1.0, True, {"success": True}
+
+    def hint(self):
+        return ("The .log files are " + ", ".join(self._logs) + " (the .log.bak and .txt files "
+                "do not count).")
+
+    def solution(self):
+        moves = [_call("ls", path="/data")] + [_call("ls", path=s) for s in self._subs]
+        moves += [_call("cat", path=p) for p in self._logs]
+        moves += [_call("mkdir", path="/report"),
+                  _call("write", path="/report/total.txt", content=str(self._total)),
+                  _call("submit")]
+        return moves

@@ -1,0 +1,193 @@
+"""Multi-turn tool use on a key-value store: follow a pointer chain, record the result, clean up."""
+
+import json
+import random
+import string
+
+TOOLS = [
+    {"type": "function", "function": {
+        "name": "get", "description": "Read the value stored under a key.",
+        "parameters": {"type": "object", "properties": {"key": {"type": "string"}},
+                       "required": ["key"]}}},
+    {"type": "function", "function": {
+        "name": "set", "description": "Store a string value under a key (creates or overwrites).",
+        "parameters": {"type": "object", "properties": {
+            "key": {"type": "string"}, "value": {"type": "string"}}, "required": ["key", "value"]}}},
+    {"type": "function", "function": {
+        "name": "delete", "description": "Delete a key.",
+        "parameters": {"type": "object", "properties": {"key": {"type": "string"}},
+                       "required": ["key"]}}},
+    {"type": "function", "function": {
+        "name": "list", "description": "List the keys that start with a prefix (all keys if empty).",
+        "parameters": {"type": "object", "properties": {"prefix": {"type": "string"}},
+                       "required": []}}},
+    {"type": "function", "function": {
+        "name": "submit", "description": "Declare the task done; the store is then checked.",
+        "parameters": {"type": "object", "properties": {}, "required": []}}},
+]
+WORDS = ["amber", "cobalt", "dune", "ember", "fjord", "garnet", "harbor", "indigo", "jade",
+         "kelp", "lotus", "mesa", "nectar", "onyx", "prairie", "quartz", "russet", "sierra"]
+
+
+def _call(tool, **arguments):
+    return json.dumps({"tool": tool, "arguments": arguments})
+
+
+def _parse_call(action):
+    try:
+        obj = json.loads(action)
+    except Exception:
+        return None, None
+    if not isinstance(obj, dict) or not isinstance(obj.get("tool"), str):
+        return None, None
+    args = obj.get("arguments", {})
+    if args is None:
+        args = {}
+    if isinstance(args, str):
+        try:
+            args = json.loads(args) if args.strip() else {}
+        except Exception:
+            return obj["tool"], None
+    return obj["tool"], args if isinstance(args, dict) else None
+
+
+class Environment:
+    name = "kv_store"
+    description = (
+        "Multi-turn tool use on a key-value store whose keys and values are strings. The value "
+        "of key 'entry' is a pointer of the form '-> <key>'. Follow the pointers from 'entry' "
+        "until you reach a value of the form 'final:<token>'. Then set the key 'result' to "
+        "<token> (without the 'final:' prefix), delete every key whose name starts with 'tmp:', "
+        "leave every other key untouched, and call submit. Act only through tool calls, each "
+        "reply being one JSON object exactly like {\"tool\": \"get\", \"arguments\": {\"key\": "
+        "\"entry\"}}; the tools are get, set, delete, list and submit. Submitting ends the "
+        "episode; it pays 1 only if the store is exactly right."
+    )
+    max_turns = 12
+    tools = TOOLS
+
+    _done = True
+    _turns = 0
+
+    def reset(self, seed):
+        rng = random.Random(seed)
+        alphabet = string.ascii_lowercase + string.digits
+        names = []
+        while len(names) < 11:
+            k = "node:" + "".join(rng.choice(alphabet) for _ in range(4))
+            if k not in names:
+                names.append(k)
+        tokens = []
+        while len(tokens) < 5:
+            t = f"{rng.choice(WORDS)}-{rng.randint(100, 999)}"
+            if t not in tokens:
+                tokens.append(t)
+        chain = names[:2]
+        store = {"entry": "-> " + chain[0], chain[0]: "-> " + chain[1],
+                 chain[1]: "final:" + tokens[0]}
+        decoys = names[2:]
+        for i, k in enumerate(decoys):
+            if i < 4:
+                store[k] = "final:" + tokens[i + 1]
+            else:
+                store[k] = "-> " + rng.choice(decoys[:i])
+        self._tmp = []
+        for _ in range(rng.randint(2, 3)):
+            k = "tmp:" + "".join(rng.choice(alphabet) for _ in range(3))
+            if k not in self._tmp:
+                self._tmp.append(k)
+        self._tmp.sort()
+        for k in self._tmp:
+            store[k] = "scratch " + str(rng.randint(1000, 9999))
+        keys = sorted(store)
+        rng.shuffle(keys)
+        self._store = {k: store[k] for k in keys}
+        self._original = dict(self._store)
+        self._chain, self._token = chain, tokens[0]
+        self._turns = 0
+        self._done = False
+        obs = (f"The store holds {len(self._store)} keys. Start by reading 'entry'. Reply with "
+               "one JSON tool call per turn.")
+        return obs, {"keys": len(self._store)}
+
+    def step(self, action):
+        if self._done:
+            return "episode is over", 0.0, True, False, {}
+        self._turns += 1
+        try:
+            obs, reward, term, info = self._act(str(action))
+        except Exception as exc:  # step must never raise
+            obs, reward, term, info = "internal error: " + str(exc)[:200], 0.0, False, {}
+        trunc = (not term) and self._turns >= self.max_turns
+        self._done = term or trunc
+        if trunc:
+            obs += " Out of turns; the episode is over without a submit."
+        return obs, float(reward), term, trunc, info
+
+    def _act(self, action):
+        tool, args = _parse_call(action)
+        if tool is None:
+            return ("Not a tool call. Reply with JSON like {\"tool\": \"get\", \"arguments\": "
+                    "{\"key\": \"entry\"}}.", 0.0, False, {"error": "not_a_tool_call"})
+        if args is None:
+            return "The arguments must be a JSON object.", 0.0, False, {"error": "bad_arguments"}
+        if tool not in ("get", "set", "delete", "list", "submit"):
+            return (f"Unknown tool {tool[:40]!r}; use get, set, delete, list or submit.", 0.0,
+                    False, {"error": "unknown_tool"})
+        if tool == "submit":
+            return self._submit()
+        if tool == "list":
+            prefix = args.get("prefix", "")
+            prefix = prefix if isinstance(prefix, str) else str(prefix)
+            keys = sorted(k for k in self._store if k.startswith(prefix))
+            return json.dumps({"keys": keys}), 0.0, False, {"tool": "list"}
+        key = args.get("key")
+        if not isinstance(key, str) or not key:
+            return f"{tool} needs a non-empty string argument 'key'.", 0.0, False, {
+                "error": "bad_arguments"}
+        key = key[:100]
+        if tool == "get":
+            if key not in self._store:
+                return json.dumps({"error": f"no such key: {key}"}), 0.0, False, {"tool": "get"}
+            return json.dumps({"key": key, "value": self._store[key]}), 0.0, False, {"tool": "get"}
+        if tool == "delete":
+            if key not in self._store:
+                return json.dumps({"error": f"no such key: {key}"}), 0.0, False, {
+                    "tool": "delete"}
+            del self._store[key]
+            return json.dumps({"deleted": key}), 0.0, False, {"tool": "delete"}
+        value = args.get("value")
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+            return "set needs a string argument 'value'.", 0.0, False, {"error": "bad_arguments"}
+        value = str(value)
+        if len(value) > 500:
+            return "Values are limited to 500 characters.", 0.0, False, {"error": "too_long"}
+        self._store[key] = value
+        return json.dumps({"ok": True, "key": key}), 0.0, False, {"tool": "set"}
+
+    def _submit(self):
+        problems = []
+        if self._store.get("result") != self._token:
+            problems.append("'result' does not hold the token at the end of the chain")
+        if any(k.startswith("tmp:") for k in self._store):
+            problems.append("some tmp: keys remain")
+        expect = {k: v for k, v in self._original.items() if not k.startswith("tmp:")}
+        now = {k: v for k, v in self._store.items() if k != "result" and not k.startswith("tmp:")}
+        if now != expect:
+            problems.append("other keys were changed, added or deleted")
+        if problems:
+            return "Submitted, but " + "; ".join(problems) + ".", 0.0, True, {"success": False}
+        return "Submitted: the store is exactly right.", 1.0, True, {"success": True}
+
+    def hint(self):
+        return (f"The chain is entry -> {self._chain[0]} -> {self._chain[1]}; the key "
+                f"{self._chain[1]} holds the final value. The keys to delete are "
+                f"{', '.join(self._tmp)}.")
+
+    def solution(self):
+        moves = [_call("list", prefix="tmp:"), _call("get", key="entry")]
+        moves += [_call("get", key=k) for k in self._chain]
+        moves.append(_call("set", key="result", value=self._token))
+        moves += [_call("delete", key=k) for k in self._tmp]
+        moves.append(_call("submit"))
+        return moves

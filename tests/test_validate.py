@@ -1,0 +1,153 @@
+"""The validation pipeline on broken environments (each rejected with the right reason) and on
+every hand-written seed environment (each accepted), in the real sandbox."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from spade_async.cli import app
+from spade_async.config import SandboxConfig
+from spade_async.envs.validate import validate
+from spade_async.sandbox.runtime import Sandbox
+
+SEEDS_DIR = Path(__file__).resolve().parents[1] / "spade_async" / "envs" / "seeds"
+SEED_FILES = sorted(p for p in SEEDS_DIR.glob("*.py") if p.name != "__init__.py")
+CFG = SandboxConfig(slots=2, warm_workers=2, call_timeout_s=3.0)
+
+GOOD = '''
+import random
+
+class Environment:
+    name = "guess"
+    description = "Guess the secret number from 1 to 1000; answer with the number alone."
+    max_turns = 10
+
+    def reset(self, seed):
+        self.secret = random.Random(seed).randint(1, 1000)
+        self.turns = 0
+        return "Guess a number from 1 to 1000.", {"range": [1, 1000]}
+
+    def step(self, action):
+        self.turns += 1
+        try:
+            guess = int(action.strip())
+        except ValueError:
+            return "Not a number.", 0.0, False, self.turns >= self.max_turns, {}
+        if guess == self.secret:
+            return "Correct!", 1.0, True, False, {}
+        word = "higher" if guess < self.secret else "lower"
+        return word, 0.0, False, self.turns >= self.max_turns, {}
+
+    def hint(self):
+        return f"The secret is {self.secret}."
+
+    def solution(self):
+        return [str(self.secret)]
+'''
+
+
+def broken(old: str, new: str) -> str:
+    assert old in GOOD, old
+    return GOOD.replace(old, new)
+
+
+@pytest.fixture
+async def sandbox():
+    async with Sandbox(CFG) as sb:
+        yield sb
+
+
+async def _failure(sandbox, code: str) -> tuple[str, str]:
+    report = await validate(code, sandbox)
+    assert not report.accepted, report.as_dict()
+    first = report.failures[0]
+    return first.name, first.reason
+
+
+async def test_good_environment_is_accepted_with_every_check(sandbox):
+    report = await validate(GOOD, sandbox)
+    assert report.accepted, report.as_dict()
+    assert [c.name for c in report.checks if c.passed is not True] == []
+    assert report.meta.name == "guess" and report.meta.has_solution
+    assert max(report.probe_scores.values()) < 0.5
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "check", "words"),
+    [
+        # non-deterministic reset: the global random state, not the seed
+        ("random.Random(seed).randint(1, 1000)", "random.randint(1, 1000)", "determinism",
+         "reset(0) twice"),
+        # reward out of range
+        ('return "Correct!", 1.0, True', 'return "Correct!", 2.5, True', "solution",
+         "outside [0, 1]"),
+        ('return word, 0.0, False', 'return word, -0.1, False', "types", "outside [0, 1]"),
+        # exceptions in step
+        ("        self.turns += 1\n", "        self.turns += 1\n        raise KeyError('boom')\n",
+         "types", "KeyError"),
+        # no hint / an empty one
+        ('return f"The secret is {self.secret}."', 'return "   "', "hint", "empty"),
+        ("    def hint(self):\n        return f\"The secret is {self.secret}.\"\n", "",
+         "static.class", "lacks hint()"),
+        # the solution does not reach full score
+        ("return [str(self.secret)]", "return [str(self.secret + 1)]", "solution",
+         "scores 0.00"),
+        # pays any action
+        ('return "Not a number.", 0.0', 'return "Not a number.", 1.0', "not_exploitable",
+         "scores 1.00"),
+        # never ends
+        ("self.turns >= self.max_turns, {}\n        if", "False, {}\n        if", "termination",
+         "did not end within max_turns=10"),
+        # wrong return shapes and values
+        ('return "Guess a number from 1 to 1000.", {"range": [1, 1000]}',
+         'return "Guess a number from 1 to 1000."', "determinism", "reset() must return"),
+        ('return "Correct!", 1.0, True, False, {}', 'return "Correct!", 1.0, True, False, {1, 2}',
+         "solution", "not JSON-serializable"),
+        # static
+        ("import random", "import random\nimport subprocess", "static.imports", "subprocess"),
+        ("class Environment:", "class Env:", "static.class", "no top-level class"),
+        ("        self.turns = 0\n", "        self.turns = 0\n  oops\n", "static.parse",
+         "SyntaxError"),
+    ],
+)
+async def test_broken_environment_is_rejected_with_the_right_reason(sandbox, old, new, check,
+                                                                     words):
+    name, reason = await _failure(sandbox, broken(old, new))
+    assert name == check, (name, reason)
+    assert words in reason, reason
+
+
+async def test_a_hanging_step_is_rejected_with_the_deadline(sandbox):
+    name, reason = await _failure(sandbox, broken("        self.turns += 1\n",
+                                                  "        self.turns += 1\n        while True: pass\n"))
+    assert name == "types" and "deadline" in reason
+
+
+def test_there_are_at_least_twelve_seed_environments():
+    assert len(SEED_FILES) >= 12, [p.name for p in SEED_FILES]
+
+
+@pytest.mark.parametrize("path", SEED_FILES, ids=lambda p: p.stem)
+async def test_seed_environment_validates(sandbox, path):
+    report = await validate(path.read_text(), sandbox)
+    assert report.accepted, json.dumps(report.as_dict(), indent=1)
+    assert report.meta.name == path.stem and report.meta.has_solution
+
+
+def test_cli_validate_verdicts_and_exit_codes(tmp_path):
+    good, bad = tmp_path / "good.py", tmp_path / "bad.py"
+    good.write_text(GOOD)
+    bad.write_text(broken('return "Not a number.", 0.0', 'return "Not a number.", 1.0'))
+    runner = CliRunner()
+    res = runner.invoke(app, ["env", "validate", str(good), "--json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert out["accepted"] and {c["name"] for c in out["checks"]} >= {"determinism", "solution"}
+    res = runner.invoke(app, ["env", "validate", str(bad)])
+    assert res.exit_code == 1 and "FAIL not_exploitable" in res.stdout, res.output
+    res = runner.invoke(app, ["env", "validate", str(tmp_path / "missing.py")])
+    assert res.exit_code == 2 and "cannot read environment file" in res.output
