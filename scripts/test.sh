@@ -5,6 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1
 bash scripts/setup.sh
+echo "[test] ruff check" >&2
+.venv/bin/ruff check .
 set +e
 .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
 rc=$?

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import tomllib
 from pathlib import Path
-from typing import Annotated, Literal, Union
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -41,7 +41,7 @@ class NoSwap(_Strict):
 
 
 WeightSwap = Annotated[
-    Union[VllmLoraSwap, VllmReloadSwap, VllmNcclSwap, NoSwap], Field(discriminator="type")
+    VllmLoraSwap | VllmReloadSwap | VllmNcclSwap | NoSwap, Field(discriminator="type")
 ]
 
 

@@ -20,7 +20,6 @@ from typing import Any
 from spade_async.config import SandboxConfig, ValidationConfig
 from spade_async.envs.contract import (
     ALLOWED_IMPORTS,
-    OPTIONAL_METHODS,
     REQUIRED_METHODS,
     EnvMeta,
     episode_score,

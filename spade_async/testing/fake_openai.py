@@ -94,7 +94,7 @@ def build_app(state: FakeState) -> Starlette:
                 "logprobs": {
                     "content": [
                         {"token": w, "logprob": -((t % 97) / 97.0), "bytes": None, "top_logprobs": []}
-                        for w, t in zip(words, ids)
+                        for w, t in zip(words, ids, strict=True)
                     ]
                 }
                 if body.get("logprobs")
