@@ -73,11 +73,12 @@ def _parent(path):
 class Environment:
     name = "file_system"
     description = (
-        "Multi-turn tool use on a small in-memory file system. Each file whose name ends in "
-        "'.log' anywhere under /data (directly in /data or in its subdirectories) contains one "
-        "line 'requests=<n>'. Compute the sum of those n over all .log files (ignore every other "
-        "file), create the directory /report, write the sum as a bare integer to "
-        "/report/total.txt, do not modify anything under /data, then call submit. Tools: "
+        "Multi-turn tool use on a small in-memory file system. The task names a metric and a "
+        "report file. Each file whose name ends in '.log' anywhere under /data (directly in "
+        "/data or in its subdirectories) contains one line '<metric>=<n>'. Compute the sum of "
+        "those n over all .log files (ignore every other file), create the report file's "
+        "directory, write the sum as a bare integer to the report file, do not modify anything "
+        "under /data, then call submit. Tools: "
         "ls(path), cat(path), write(path, content), mkdir(path), submit(); paths are absolute. "
         "Each reply must be one JSON tool call exactly like {\"tool\": \"ls\", \"arguments\": "
         "{\"path\": \"/data\"}}. Submitting ends the episode and pays 1 only if the report is "
@@ -93,7 +94,12 @@ class Environment:
         rng = random.Random(seed)
         subs = rng.sample(SUBDIRS, 2)
         dirs = ["/", "/data", "/data/" + subs[0], "/data/" + subs[1], "/home"]
-        files = {"/home/notes.txt": "remember: reports go to /report\n"}
+        metric = rng.choice(["requests", "errors", "retries", "timeouts", "bytes_sent"])
+        others = [m for m in ["requests", "errors", "retries", "timeouts"] if m != metric]
+        self._dir = rng.choice(["/report", "/out", "/summary", "/results"])
+        self._report = self._dir + "/" + rng.choice(["total.txt", "sum.txt", metric + ".txt"])
+        self._metric = metric
+        files = {"/home/notes.txt": f"remember: reports go to {self._dir}\n"}
         logs = []
         for d in dirs[1:4]:
             stems = rng.sample(STEMS, 3)
@@ -102,21 +108,24 @@ class Environment:
             logs.append(path)
             files[path] = (f"host={rng.choice(SUBDIRS)}-{rng.randint(1, 9)}\n"
                            f"date=2024-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}\n"
-                           f"requests={n}\nstatus=ok\n")
-            files[f"{d}/{stems[1]}.txt"] = f"draft notes\nrequests={rng.randint(100, 999)}\n"
+                           f"{rng.choice(others)}={rng.randint(1, 99)}\n"
+                           f"{metric}={n}\nstatus=ok\n")
+            files[f"{d}/{stems[1]}.txt"] = f"draft notes\n{metric}={rng.randint(100, 999)}\n"
             if rng.random() < 0.6:
-                files[f"{d}/{stems[2]}.log.bak"] = f"requests={rng.randint(100, 999)}\nstale\n"
+                files[f"{d}/{stems[2]}.log.bak"] = f"{metric}={rng.randint(100, 999)}\nstale\n"
         self._dirs = list(dirs)
         self._files = files
         self._original = {k: v for k, v in files.items() if k.startswith("/data/")}
         self._logs = logs
-        self._total = sum(int(files[p].split("requests=")[1].split("\n")[0]) for p in logs)
+        self._total = sum(int(files[p].split("\n" + metric + "=")[1].split("\n")[0])
+                          for p in logs)
         self._subs = ["/data/" + s for s in subs]
         self._turns = 0
         self._done = False
-        obs = ("A file system with /data and /home is mounted. Start with ls /data. Reply with "
-               "one JSON tool call per turn.")
-        return obs, {"directories": len(dirs), "files": len(files)}
+        obs = (f"Task: sum the '{metric}=' values of all .log files under /data and write the "
+               f"total to {self._report}. A file system with /data and /home is mounted. Reply "
+               "with one JSON tool call per turn.")
+        return obs, {"metric": metric, "report": self._report}
 
     def step(self, action):
         if self._done:
@@ -181,13 +190,13 @@ class Environment:
 
     def _submit(self):
         problems = []
-        if "/report" not in self._dirs:
-            problems.append("/report is not a directory")
-        got = self._files.get("/report/total.txt")
+        if self._dir not in self._dirs:
+            problems.append(f"{self._dir} is not a directory")
+        got = self._files.get(self._report)
         if got is None:
-            problems.append("/report/total.txt does not exist")
+            problems.append(f"{self._report} does not exist")
         elif got.strip() != str(self._total):
-            problems.append("/report/total.txt does not hold the right total")
+            problems.append(f"{self._report} does not hold the right total")
         now = {k: v for k, v in self._files.items() if k.startswith("/data/")}
         if now != self._original:
             problems.append("files under /data were modified")
@@ -202,7 +211,7 @@ class Environment:
     def solution(self):
         moves = [_call("ls", path="/data")] + [_call("ls", path=s) for s in self._subs]
         moves += [_call("cat", path=p) for p in self._logs]
-        moves += [_call("mkdir", path="/report"),
-                  _call("write", path="/report/total.txt", content=str(self._total)),
+        moves += [_call("mkdir", path=self._dir),
+                  _call("write", path=self._report, content=str(self._total)),
                   _call("submit")]
         return moves

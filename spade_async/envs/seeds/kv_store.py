@@ -54,14 +54,15 @@ def _parse_call(action):
 class Environment:
     name = "kv_store"
     description = (
-        "Multi-turn tool use on a key-value store whose keys and values are strings. The value "
-        "of key 'entry' is a pointer of the form '-> <key>'. Follow the pointers from 'entry' "
-        "until you reach a value of the form 'final:<token>'. Then set the key 'result' to "
-        "<token> (without the 'final:' prefix), delete every key whose name starts with 'tmp:', "
-        "leave every other key untouched, and call submit. Act only through tool calls, each "
-        "reply being one JSON object exactly like {\"tool\": \"get\", \"arguments\": {\"key\": "
-        "\"entry\"}}; the tools are get, set, delete, list and submit. Submitting ends the "
-        "episode; it pays 1 only if the store is exactly right."
+        "Multi-turn tool use on a key-value store whose keys and values are strings. The task "
+        "names a start key, a result key and a junk prefix. The start key's value is a pointer "
+        "of the form '-> <key>'. Follow the pointers until you reach a value of the form "
+        "'final:<token>'. Then set the result key to <token> (without the 'final:' prefix), "
+        "delete every key whose name starts with the junk prefix, leave every other key "
+        "untouched, and call submit. Act only through tool calls, each reply being one JSON "
+        "object exactly like {\"tool\": \"get\", \"arguments\": {\"key\": \"start\"}}; the "
+        "tools are get, set, delete, list and submit. Submitting ends the episode; it pays 1 "
+        "only if the store is exactly right."
     )
     max_turns = 12
     tools = TOOLS
@@ -83,7 +84,11 @@ class Environment:
             if t not in tokens:
                 tokens.append(t)
         chain = names[:2]
-        store = {"entry": "-> " + chain[0], chain[0]: "-> " + chain[1],
+        self._entry = rng.choice(["entry", "start", "head", "root", "begin"])
+        self._entry += "-" + rng.choice(alphabet) + rng.choice(alphabet)
+        self._result = rng.choice(["result", "answer", "output", "found", "token"])
+        self._junk = rng.choice(["tmp:", "scratch:", "cache:", "draft:", "old:"])
+        store = {self._entry: "-> " + chain[0], chain[0]: "-> " + chain[1],
                  chain[1]: "final:" + tokens[0]}
         decoys = names[2:]
         for i, k in enumerate(decoys):
@@ -93,7 +98,7 @@ class Environment:
                 store[k] = "-> " + rng.choice(decoys[:i])
         self._tmp = []
         for _ in range(rng.randint(2, 3)):
-            k = "tmp:" + "".join(rng.choice(alphabet) for _ in range(3))
+            k = self._junk + "".join(rng.choice(alphabet) for _ in range(3))
             if k not in self._tmp:
                 self._tmp.append(k)
         self._tmp.sort()
@@ -106,9 +111,11 @@ class Environment:
         self._chain, self._token = chain, tokens[0]
         self._turns = 0
         self._done = False
-        obs = (f"The store holds {len(self._store)} keys. Start by reading 'entry'. Reply with "
-               "one JSON tool call per turn.")
-        return obs, {"keys": len(self._store)}
+        obs = (f"The store holds {len(self._store)} keys. Start key: '{self._entry}'. Result "
+               f"key: '{self._result}'. Junk prefix: '{self._junk}'. Reply with one JSON tool "
+               "call per turn.")
+        return obs, {"keys": len(self._store), "start_key": self._entry,
+                     "result_key": self._result, "junk_prefix": self._junk}
 
     def step(self, action):
         if self._done:
@@ -128,7 +135,7 @@ class Environment:
         tool, args = _parse_call(action)
         if tool is None:
             return ("Not a tool call. Reply with JSON like {\"tool\": \"get\", \"arguments\": "
-                    "{\"key\": \"entry\"}}.", 0.0, False, {"error": "not_a_tool_call"})
+                    "{\"key\": \"start\"}}.", 0.0, False, {"error": "not_a_tool_call"})
         if args is None:
             return "The arguments must be a JSON object.", 0.0, False, {"error": "bad_arguments"}
         if tool not in ("get", "set", "delete", "list", "submit"):
@@ -167,12 +174,14 @@ class Environment:
 
     def _submit(self):
         problems = []
-        if self._store.get("result") != self._token:
-            problems.append("'result' does not hold the token at the end of the chain")
-        if any(k.startswith("tmp:") for k in self._store):
-            problems.append("some tmp: keys remain")
-        expect = {k: v for k, v in self._original.items() if not k.startswith("tmp:")}
-        now = {k: v for k, v in self._store.items() if k != "result" and not k.startswith("tmp:")}
+        junk = self._junk
+        if self._store.get(self._result) != self._token:
+            problems.append(f"'{self._result}' does not hold the token at the end of the chain")
+        if any(k.startswith(junk) for k in self._store):
+            problems.append(f"some {junk} keys remain")
+        expect = {k: v for k, v in self._original.items() if not k.startswith(junk)}
+        now = {k: v for k, v in self._store.items()
+               if k != self._result and not k.startswith(junk)}
         if now != expect:
             problems.append("other keys were changed, added or deleted")
         if problems:
@@ -180,14 +189,14 @@ class Environment:
         return "Submitted: the store is exactly right.", 1.0, True, {"success": True}
 
     def hint(self):
-        return (f"The chain is entry -> {self._chain[0]} -> {self._chain[1]}; the key "
+        return (f"The chain is {self._entry} -> {self._chain[0]} -> {self._chain[1]}; the key "
                 f"{self._chain[1]} holds the final value. The keys to delete are "
                 f"{', '.join(self._tmp)}.")
 
     def solution(self):
-        moves = [_call("list", prefix="tmp:"), _call("get", key="entry")]
+        moves = [_call("list", prefix=self._junk), _call("get", key=self._entry)]
         moves += [_call("get", key=k) for k in self._chain]
-        moves.append(_call("set", key="result", value=self._token))
+        moves.append(_call("set", key=self._result, value=self._token))
         moves += [_call("delete", key=k) for k in self._tmp]
         moves.append(_call("submit"))
         return moves

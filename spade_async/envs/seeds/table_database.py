@@ -182,7 +182,7 @@ class Environment:
         if tool == "submit":
             return self._submit(args.get("count"))
         table = args.get("table")
-        if table not in self._tables:
+        if not isinstance(table, str) or table not in self._tables:
             return "Unknown table; use 'departments' or 'employees'.", 0.0, False, {
                 "error": "bad_arguments"}
         rows = self._tables[table]

@@ -33,6 +33,8 @@ def _assign(rng, in_loop):
         right = ("const", rng.randint(2, 5))
     else:
         right = _operand(rng, in_loop, target)
+        while right == left:
+            right = ("const", rng.randint(1, 9))
     return ("assign", target, left, op, right)
 
 
@@ -62,6 +64,7 @@ def _run(stmts, env):
             else:
                 ok = {"<": v < cond[2], ">": v > cond[2], "==": v == cond[2],
                       "!=": v != cond[2]}[cond[1]]
+            env.setdefault("seen", []).append(ok)
             _run(then if ok else other, env)
         else:  # for
             _, count, body = s
@@ -129,6 +132,8 @@ class Environment:
                 continue
             answer = env[ask]
             if abs(answer) < 3 or answer == 42 or after_loop[ask] == answer:
+                continue
+            if len(set(env["seen"])) < 2:  # the if must go both ways during the loop
                 continue
             break
         lines = [f"{n} = {s[2][1]}" for n, s in zip(NAMES, init)] + _render([loop] + final)
