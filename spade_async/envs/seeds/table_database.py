@@ -3,10 +3,9 @@
 import json
 import random
 
-FIRST = ["Ada", "Bo", "Cy", "Dee", "Eli", "Fay", "Gus", "Hal", "Ivy", "Jo", "Kim", "Lu", "Max",
-         "Ned", "Oz", "Pam", "Quin", "Rae", "Sol", "Tess", "Uma", "Vic", "Wes", "Xia", "Yan", "Zed"]
-LAST = ["Park", "Stone", "Reyes", "Okafor", "Novak", "Lind", "Mori", "Haas", "Diaz", "Berg"]
-DEPTS = ["Sales", "Research", "Support", "Finance", "Legal", "Design", "Ops"]
+FIRST = "Ada Bo Cy Dee Eli Fay Gus Hal Ivy Jo Kim Lu Max Ned Oz Pam Rae Sol Tess Uma Vic Yan".split()
+LAST = "Park Stone Reyes Okafor Novak Lind Mori Haas Diaz Berg".split()
+DEPTS = "Sales Research Support Finance Legal Design Ops".split()
 OPS = ["=", "!=", "<", "<=", ">", ">="]
 WHERE = {"type": "array", "description": "conditions that must all hold",
          "items": {"type": "object", "properties": {
