@@ -26,8 +26,18 @@ class SlotCgroups:
         # `groups` are the per-run parents (one for v2; memory and pids for v1).
         self.groups, self.memory_bytes, self.pids = groups, memory_bytes, pids
 
+    @staticmethod
+    def remove_stale(prefix: str = "spade-sandbox-") -> None:
+        """Groups left by a daemon that died (`spade-sandbox-<pid>-<n>` whose pid is gone)."""
+        for hierarchy in (ROOT, ROOT / "memory", ROOT / "pids"):
+            for g in hierarchy.glob(prefix + "*"):
+                pid = g.name[len(prefix):].split("-")[0]
+                if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+                    SlotCgroups([g], 0, 0).remove()
+
     @classmethod
     def create(cls, name: str, memory_bytes: int, pids: int) -> SlotCgroups | None:
+        cls.remove_stale()
         try:
             if (ROOT / "cgroup.controllers").is_file():  # v2
                 parent = ROOT / name

@@ -16,7 +16,7 @@ import signal
 import subprocess
 import time
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -85,6 +85,7 @@ class Worker:
         self.dead: str | None = None  # why, once it is
         self.info: dict[str, Any] | None = None  # the ready message, once read
         self.launched_at = time.perf_counter()
+        self.reaper: Callable[[], int] | None = None  # set by the Sandbox that owns it
         for f in (proc.stdin, proc.stdout, proc.stderr):
             os.set_blocking(f.fileno(), False)
 
@@ -222,6 +223,10 @@ class Worker:
                 with anyio.move_on_after(2.0):
                     while self.cgroups.sweep(self.slot):
                         await anyio.sleep(0.01)
+            if self.reaper is not None:
+                with anyio.move_on_after(1.0):
+                    while self.reaper():  # orphans still dying: reap them as they go
+                        await anyio.sleep(0.005)
             self._close_pipes()
 
     def _signal_all(self) -> None:
@@ -314,6 +319,52 @@ class SandboxStats:
     killed: int = 0
 
 
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def _become_subreaper() -> bool:
+    """Orphans of a killed sandbox (its PID namespace's processes) are re-parented to us, not to
+    the host's init, so we reap them at once: a slow init would otherwise leave zombies that
+    still count against the slot's pids limit."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def reap_sandbox_orphans(uids: range, keep: set[int]) -> int:
+    """waitpid() our zombie children that ran under a slot uid and are not a Worker's own
+    process (those belong to their Popen); returns how many such children are still alive.
+    Never touches any other child of this process."""
+    children: set[int] = set()
+    try:
+        for tid in os.listdir("/proc/self/task"):
+            try:
+                children |= {int(p) for p in
+                             Path(f"/proc/self/task/{tid}/children").read_text().split()}
+            except OSError:
+                pass
+    except OSError:
+        return 0
+    alive = 0
+    for pid in children - keep:
+        try:
+            fields = dict(line.split(":", 1) for line in
+                          Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
+            if int(fields["Uid"].split()[0]) not in uids:
+                continue
+            if fields["State"].strip().startswith("Z"):
+                os.waitpid(pid, os.WNOHANG)
+            else:
+                alive += 1
+        except (OSError, ValueError, KeyError):
+            pass
+    return alive
+
+
 _instances = itertools.count()
 
 
@@ -330,6 +381,7 @@ class Sandbox:
         self.cgroups: SlotCgroups | None = None
         self._free: deque[int] = deque(range(cfg.slots))
         self._warm: deque[Worker] = deque()
+        self._all: set[Worker] = set()
         self._changed = anyio.Event()
         self._open = False
         self.stats = SandboxStats()
@@ -351,6 +403,7 @@ class Sandbox:
             # One group per Sandbox: a second one in this process must not sweep our slots.
             self.cgroups = SlotCgroups.create(f"spade-sandbox-{os.getpid()}-{next(_instances)}",
                                               self.cfg.memory_mb * MB, self.cfg.processes)
+        self._subreaper = self.isolation.name != "none" and _become_subreaper()
         self._open = True
         self._refill()
         log.info("sandbox_ready", isolation=self.isolation.name, layers=self.layers(),
@@ -369,12 +422,27 @@ class Sandbox:
         self._changed.set()
         self._changed = anyio.Event()
 
+    def _adopt(self, worker: Worker) -> Worker:
+        if getattr(self, "_subreaper", False):
+            uids = range(self.cfg.uid_base, self.cfg.uid_base + self.cfg.slots)
+
+            def reap() -> int:
+                return reap_sandbox_orphans(uids, self._live_pids())
+
+            worker.reaper = reap
+        self._all.add(worker)
+        return worker
+
+    def _live_pids(self) -> set[int]:
+        self._all = {w for w in self._all if w.proc.returncode is None}
+        return {w.proc.pid for w in self._all}
+
     def _refill(self) -> None:
         while self._open and len(self._warm) < self.cfg.warm_workers and self._free:
             slot = self._free.popleft()
             try:
-                self._warm.append(Worker.launch(self.isolation, slot, self.cfg, self.cgroups,
-                                                preload=True))
+                self._warm.append(self._adopt(Worker.launch(
+                    self.isolation, slot, self.cfg, self.cgroups, preload=True)))
             except SandboxError as exc:
                 log.error("warm_worker_failed", slot=slot, error=str(exc))
                 self._free.append(slot)
@@ -397,8 +465,8 @@ class Sandbox:
             if self._free:
                 slot = self._free.popleft()
                 try:
-                    worker = await Worker.launch(self.isolation, slot, self.cfg, self.cgroups,
-                                                 preload=False).ready()
+                    worker = await self._adopt(Worker.launch(
+                        self.isolation, slot, self.cfg, self.cgroups, preload=False)).ready()
                 except BaseException:
                     self._free.append(slot)
                     self._notify()
