@@ -11,7 +11,8 @@ import typer
 from spade_async.config import ConfigError, SpadeConfig, load_config
 from spade_async.logs import configure_logging
 
-app = typer.Typer(help="SPADE-async: self-play environment design on vLLM.", no_args_is_help=True)
+app = typer.Typer(help="SPADE-async: self-play environment design on vLLM.", no_args_is_help=True,
+                  pretty_exceptions_show_locals=False)  # locals may hold API keys
 endpoints_app = typer.Typer(help="Inference endpoints: health, latency, served versions.",
                             no_args_is_help=True)
 model_app = typer.Typer(help="The embedded model checkpoint.", no_args_is_help=True)
