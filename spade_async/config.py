@@ -117,6 +117,32 @@ class ValidationConfig(_Strict):
     solution_score: float = Field(1.0, gt=0, le=1, description="score the solution must reach")
 
 
+class RolloutConfig(_Strict):
+    """How the agent plays: sampling, lengths, and episodes per environment (DESIGN §6)."""
+
+    k_unhinted: int = Field(4, ge=1, description="K_u: unhinted episodes per environment")
+    k_hinted: int = Field(2, ge=1, description="K_h: hinted episodes per environment")
+    max_tokens_per_turn: int = Field(256, ge=1, description="completion budget of one agent turn")
+    max_seq_len: int = Field(4096, ge=256, description="prompt + all turns; beyond it the "
+                             "episode is truncated (keep <= the server's --max-model-len)")
+    temperature: float = Field(1.0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    request_deadline_s: float = Field(300.0, gt=0, description="one model turn, retries included")
+    episode_deadline_s: float = Field(1200.0, gt=0, description="a whole episode")
+
+
+class RegretConfig(_Strict):
+    """Regret, rewards and advantages (DESIGN §6); every choice is logged per environment."""
+
+    feasibility_threshold: float = Field(0.2, ge=0, le=1, description="an env whose hinted mean "
+                                         "R_h stays below this is infeasible: designer reward 0")
+    invalid_penalty: float = Field(-1.0, le=0, description="designer reward of a design that "
+                                   "fails validation or yields no code")
+    duplicate_penalty: float = Field(-0.5, le=0, description="designer reward of a near-duplicate")
+    train_on_hinted: bool = Field(False, description="also train the agent on hinted episodes")
+    advantage_eps: float = Field(1e-6, gt=0, description="added to the std when normalising")
+
+
 class SpadeConfig(_Strict):
     """The whole tree; `checkpoint_dir` is derived, never configured twice."""
 
@@ -126,6 +152,8 @@ class SpadeConfig(_Strict):
     pool: PoolConfig = Field(default_factory=PoolConfig)
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
     validation: ValidationConfig = Field(default_factory=ValidationConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    regret: RegretConfig = Field(default_factory=RegretConfig)
 
 
 ENV_PREFIX = "SPADE__"

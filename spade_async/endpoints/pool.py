@@ -435,6 +435,69 @@ class EndpointPool:
         )
         return _parse_chat(body, name, model, time.perf_counter() - start)
 
+    async def complete(
+        self,
+        prompt_ids: Sequence[int],
+        *,
+        model: str,
+        max_tokens: int = 256,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+        deadline_s: float | None = None,
+        extra: dict[str, Any] | None = None,
+    ) -> Completion:
+        """A completion continuing exactly `prompt_ids` (no server-side re-tokenization): the
+        token-exact path for multi-turn episodes. Returns sampled ids and their log-probs."""
+        payload: dict[str, Any] = {
+            "model": model,
+            "prompt": [int(t) for t in prompt_ids],
+            "max_tokens": max_tokens,
+            "temperature": temperature,
+            "top_p": top_p,
+            "logprobs": 0,
+            "return_token_ids": True,
+        }
+        if seed is not None:
+            payload["seed"] = seed
+        if extra:
+            payload.update(extra)
+        start = time.perf_counter()
+        name, body = await self.post("/v1/completions", payload, model=model, deadline_s=deadline_s)
+        return _parse_completion(body, name, model, time.perf_counter() - start, prompt_ids)
+
+
+def _parse_completion(body: dict[str, Any], endpoint: str, model: str, latency: float,
+                      prompt_ids: Sequence[int]) -> Completion:
+    try:
+        choice = body["choices"][0]
+        token_ids = tuple(int(t) for t in choice.get("token_ids") or ())
+        logprobs = tuple(float(x) for x in ((choice.get("logprobs") or {}).get("token_logprobs")
+                                            or ()))
+        served_prompt = tuple(int(t) for t in choice.get("prompt_token_ids") or prompt_ids)
+    except (KeyError, IndexError, TypeError, ValueError) as exc:
+        raise EndpointError(
+            f"endpoint '{endpoint}' returned a malformed completion ({exc!r}): {str(body)[:300]}"
+        ) from None
+    if not token_ids and choice.get("text"):
+        raise EndpointError(f"endpoint '{endpoint}' returned no token ids: it must support "
+                            "vLLM's `return_token_ids` for token-exact training")
+    if len(token_ids) != len(logprobs):
+        raise EndpointError(
+            f"endpoint '{endpoint}' returned {len(token_ids)} token ids but {len(logprobs)} log-probs"
+        )
+    return Completion(
+        text=choice.get("text") or "",
+        token_ids=token_ids,
+        logprobs=logprobs,
+        prompt_token_ids=served_prompt,
+        finish_reason=choice.get("finish_reason"),
+        model=body.get("model", model),
+        endpoint=endpoint,
+        latency_s=latency,
+        usage={k: int(v) for k, v in (body.get("usage") or {}).items() if isinstance(v, int)},
+    )
+
 
 def _parse_chat(body: dict[str, Any], endpoint: str, model: str, latency: float) -> Completion:
     try:

@@ -15,6 +15,7 @@ import hashlib
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import anyio
@@ -43,6 +44,12 @@ class FakeState:
     models_seen: list[str] = field(default_factory=list)
     paused: bool = False
     calls: list[str] = field(default_factory=list)  # admin calls, in order
+    # /v1/completions with a token-id prompt: `script(prompt_ids) -> completion token ids`
+    # (deterministic tests script exact replies; `eos` ends a turn). Unset: hashed tokens.
+    script: Callable[[list[int]], list[int]] | None = None
+    decode: Callable[[list[int]], str] | None = None
+    eos_token_id: int = 2
+    completions: list[dict] = field(default_factory=list)  # every completions request body
 
 
 def _token_ids(seed: str, n: int) -> list[int]:
@@ -118,6 +125,59 @@ def build_app(state: FakeState) -> Starlette:
         finally:
             state.in_flight -= 1
 
+    async def completions(request: Request) -> Response:
+        body = await request.json()
+        model = body.get("model")
+        if model not in models():
+            return JSONResponse(
+                {"error": {"message": f"The model `{model}` does not exist.", "code": 404}},
+                status_code=404,
+            )
+        prompt = body.get("prompt")
+        if not (isinstance(prompt, list) and all(isinstance(t, int) for t in prompt)):
+            return JSONResponse({"error": {"message": "this fake takes token-id prompts"}}, 400)
+        state.requests += 1
+        state.models_seen.append(model)
+        state.completions.append(body)
+        if state.fail_next > 0:
+            state.fail_next -= 1
+            return JSONResponse({"error": {"message": "injected failure"}}, state.fail_status)
+        state.in_flight += 1
+        state.max_in_flight = max(state.max_in_flight, state.in_flight)
+        try:
+            n = int(body.get("max_tokens") or 16)
+            if state.script is not None:
+                ids = list(state.script(prompt))
+            else:
+                ids = _token_ids(f"{model}|{state.weight_version}|{prompt[-16:]}", n)
+            finish = "length"
+            if state.eos_token_id in ids:
+                ids, finish = ids[: ids.index(state.eos_token_id) + 1], "stop"
+            if len(ids) > n:
+                ids, finish = ids[:n], "length"
+            delay = state.request_latency_s + state.token_latency_s * len(ids)
+            if delay:
+                await anyio.sleep(delay)
+            text = state.decode(ids) if state.decode else " ".join(f"w{t % 1000}" for t in ids)
+            logprobs = [-((t % 97) / 97.0) for t in ids]
+            choice = {
+                "index": 0,
+                "text": text,
+                "finish_reason": finish,
+                "token_ids": ids if body.get("return_token_ids") else None,
+                "prompt_token_ids": prompt if body.get("return_token_ids") else None,
+                "logprobs": {"token_logprobs": logprobs, "tokens": [str(t) for t in ids]}
+                if body.get("logprobs") is not None else None,
+            }
+            return JSONResponse({
+                "id": f"cmpl-{state.requests}", "object": "text_completion",
+                "created": int(time.time()), "model": model, "choices": [choice],
+                "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(ids),
+                          "total_tokens": len(prompt) + len(ids)},
+            })
+        finally:
+            state.in_flight -= 1
+
     async def list_models(request: Request) -> Response:
         data = [{"id": state.base_model, "object": "model", "parent": None, "root": "/fake"}]
         data += [
@@ -181,6 +241,7 @@ def build_app(state: FakeState) -> Starlette:
     return Starlette(
         routes=[
             Route("/v1/chat/completions", chat, methods=["POST"]),
+            Route("/v1/completions", completions, methods=["POST"]),
             Route("/v1/models", list_models, methods=["GET"]),
             Route("/v1/load_lora_adapter", load_lora, methods=["POST"]),
             Route("/v1/unload_lora_adapter", unload_lora, methods=["POST"]),

@@ -1,0 +1,175 @@
+"""One episode: model turns against the endpoint pool, environment steps in the sandbox.
+
+Token-exact (see chat_tokens): the episode's training sequence is the opening prompt, then for
+each turn the ids the server sampled (loss mask 1, with their behaviour log-probs) and the ids of
+the observation between turns (mask 0). Every request sends the sequence so far as a token-id
+prompt, and the server's echo of it is checked against ours. Never re-tokenizes sampled text.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import anyio
+
+from spade_async.chat_tokens import ChatTokens
+from spade_async.config import RolloutConfig
+from spade_async.endpoints.pool import EndpointError, EndpointPool
+from spade_async.envs.contract import EnvMeta, episode_score, parse_tool_call, tool_call_action
+from spade_async.logs import get_logger
+from spade_async.sandbox.runtime import EnvSession, SandboxError
+
+log = get_logger("episode")
+
+
+class TokenMismatch(EndpointError):
+    """The server did not continue the exact id sequence it was sent."""
+
+
+@dataclass
+class Turn:
+    action: str
+    observation: str
+    reward: float
+    completion_tokens: int
+    finish_reason: str | None
+
+
+@dataclass
+class Episode:
+    episode_id: str
+    env_id: str
+    seed: int
+    hinted: bool
+    policy_version: int
+    model: str
+    prompt_len: int = 0
+    token_ids: list[int] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    first_observation: str = ""
+    turns: list[Turn] = field(default_factory=list)
+    score: float = 0.0
+    terminated: bool = False
+    truncated: bool = False
+    error: str | None = None
+
+    @property
+    def sampled_tokens(self) -> int:
+        return sum(self.loss_mask)
+
+    def as_record(self, chat: ChatTokens | None = None) -> dict[str, Any]:
+        """What gets saved for inspection (the transcript, not the ids)."""
+        rec = asdict(self)
+        for k in ("token_ids", "loss_mask", "logprobs"):
+            rec.pop(k)
+        rec["sampled_tokens"] = self.sampled_tokens
+        rec["sequence_tokens"] = len(self.token_ids)
+        return rec
+
+
+def agent_system_prompt(meta: EnvMeta, hint: str | None) -> str:
+    parts = [
+        "You are the agent in an interactive text environment. Each reply you write is one "
+        f"action, sent to the environment as is. You have at most {meta.max_turns} actions.",
+        f"Task: {meta.description}",
+    ]
+    if meta.tools:
+        tools = [{"name": t["function"]["name"],
+                  "description": t["function"].get("description", ""),
+                  "parameters": t["function"].get("parameters", {})} for t in meta.tools]
+        parts.append('To call a tool, reply with exactly one JSON object: {"tool": "<name>", '
+                     '"arguments": {...}}. Tools: ' + json.dumps(tools, ensure_ascii=False))
+    if hint:
+        parts.append(f"Privileged hint (given to you only for this episode): {hint}")
+    return "\n\n".join(parts)
+
+
+_JSON_OBJECT = re.compile(r"\{.*\}", re.S)
+
+
+def to_action(text: str) -> str:
+    """The agent's reply as the environment's action: a tool call in its canonical JSON form
+    when the reply holds one, else the stripped text."""
+    text = text.strip()
+    m = _JSON_OBJECT.search(text)
+    if m:
+        call = parse_tool_call(m.group(0))
+        if call is not None:
+            return tool_call_action(*call)
+    return text
+
+
+async def run_episode(
+    env: EnvSession,
+    pool: EndpointPool,
+    chat: ChatTokens,
+    *,
+    env_id: str,
+    seed: int,
+    hint: str | None,
+    model: str,
+    policy_version: int,
+    cfg: RolloutConfig,
+) -> Episode:
+    meta = env.meta
+    ep = Episode(f"ep-{uuid.uuid4().hex[:12]}", env_id, seed, hint is not None, policy_version,
+                 model)
+    rewards: list[float] = []
+    with anyio.move_on_after(cfg.episode_deadline_s) as scope:
+        try:
+            first = await env.reset(seed)
+        except SandboxError as exc:
+            ep.error = f"reset: {exc}"
+            return ep
+        ep.first_observation = first.observation
+        messages = [{"role": "system", "content": agent_system_prompt(meta, hint)},
+                    {"role": "user", "content": first.observation}]
+        seq = chat.prompt_ids(messages)
+        ep.prompt_len = len(seq)
+        ep.token_ids, ep.loss_mask, ep.logprobs = list(seq), [0] * len(seq), [0.0] * len(seq)
+        for turn in range(1, meta.max_turns + 1):
+            budget = min(cfg.max_tokens_per_turn, cfg.max_seq_len - len(ep.token_ids))
+            if budget < 1:
+                ep.truncated = True
+                break
+            out = await pool.complete(ep.token_ids, model=model, max_tokens=budget,
+                                      temperature=cfg.temperature, top_p=cfg.top_p,
+                                      deadline_s=cfg.request_deadline_s)
+            if list(out.prompt_token_ids) != ep.token_ids:
+                raise TokenMismatch(f"{out.endpoint} echoed a different prompt than it was sent "
+                                    f"({len(out.prompt_token_ids)} vs {len(ep.token_ids)} ids)")
+            ep.token_ids += out.token_ids
+            ep.loss_mask += [1] * len(out.token_ids)
+            ep.logprobs += out.logprobs
+            action = to_action(chat.decode(out.token_ids))
+            try:
+                res = await env.step(action)
+            except SandboxError as exc:
+                ep.error = f"step {turn}: {exc}"
+                ep.turns.append(Turn(action, "", 0.0, len(out.token_ids), out.finish_reason))
+                break
+            rewards.append(res.reward)
+            ep.turns.append(Turn(action, res.observation, res.reward, len(out.token_ids),
+                                 out.finish_reason))
+            if res.done:
+                ep.terminated, ep.truncated = res.terminated, res.truncated
+                break
+            if turn == meta.max_turns:
+                ep.truncated = True
+                break
+            between = chat.next_turn_ids(out.token_ids, res.observation)
+            ep.token_ids += between
+            ep.loss_mask += [0] * len(between)
+            ep.logprobs += [0.0] * len(between)
+    ep.score = episode_score(rewards)
+    if scope.cancelled_caught:
+        ep.error = f"episode exceeded its {cfg.episode_deadline_s:g}s deadline"
+        ep.truncated = True
+    log.debug("episode_done", env_id=env_id, episode_id=ep.episode_id, hinted=ep.hinted,
+              score=ep.score, turns=len(ep.turns), error=ep.error)
+    return ep
