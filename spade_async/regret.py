@@ -1,0 +1,73 @@
+"""Regret, rewards and advantages (DESIGN §6), as plain functions over numbers.
+
+Per environment: R_u, R_h are the mean scores of its K_u unhinted and K_h hinted episodes;
+regret = max(0, R_h - R_u). An environment whose R_h stays below the feasibility threshold is
+infeasible: its designer gets no positive reward. Designer rewards (regret, or a penalty for an
+invalid or duplicate design) are normalised over the G designs drawn from one document; agent
+rewards (episode scores) over the K_u unhinted episodes of one environment. A group with zero
+variance carries no gradient and is dropped (and counted).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from enum import StrEnum
+
+from spade_async.config import RegretConfig
+
+
+class DesignStatus(StrEnum):
+    ACCEPTED = "accepted"
+    INVALID = "invalid"      # no code, or failed validation
+    DUPLICATE = "duplicate"  # rejected by the novelty filter
+
+
+@dataclass(frozen=True)
+class EnvRegret:
+    r_unhinted: float
+    r_hinted: float
+    regret: float
+    feasible: bool
+    designer_reward: float
+    learnability: float  # p(1 - p) of the unhinted solve rate
+
+    def as_dict(self) -> dict[str, float | bool]:
+        return dict(self.__dict__)
+
+
+def _mean(xs: list[float]) -> float:
+    if not xs:
+        raise ValueError("no episode scores")
+    return math.fsum(xs) / len(xs)
+
+
+def env_regret(unhinted: list[float], hinted: list[float], cfg: RegretConfig) -> EnvRegret:
+    r_u, r_h = _mean(unhinted), _mean(hinted)
+    regret = max(0.0, r_h - r_u)
+    feasible = r_h >= cfg.feasibility_threshold
+    solved = _mean([1.0 if s >= 1.0 else 0.0 for s in unhinted])
+    return EnvRegret(r_u, r_h, regret, feasible, regret if feasible else 0.0,
+                     solved * (1.0 - solved))
+
+
+def design_reward(status: DesignStatus, regret: EnvRegret | None, cfg: RegretConfig) -> float:
+    if status is DesignStatus.INVALID:
+        return cfg.invalid_penalty
+    if status is DesignStatus.DUPLICATE:
+        return cfg.duplicate_penalty
+    if regret is None:
+        raise ValueError("an accepted design needs its environment's regret")
+    return regret.designer_reward
+
+
+def group_advantages(rewards: list[float], eps: float) -> list[float] | None:
+    """(r - mean) / (std + eps) over one group; None when the group has zero variance."""
+    if len(rewards) < 2:
+        return None
+    mean = math.fsum(rewards) / len(rewards)
+    var = math.fsum((r - mean) ** 2 for r in rewards) / len(rewards)
+    if var <= 1e-12:
+        return None
+    std = math.sqrt(var)
+    return [(r - mean) / (std + eps) for r in rewards]
