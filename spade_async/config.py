@@ -13,6 +13,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from spade_async.corpus import CorpusConfig
+
 
 class ConfigError(ValueError):
     """A config file that cannot be used; the message names the file and the key."""
@@ -143,6 +145,24 @@ class RegretConfig(_Strict):
     advantage_eps: float = Field(1e-6, gt=0, description="added to the std when normalising")
 
 
+class DaemonConfig(_Strict):
+    """The self-play loop's stages and their limits (DESIGN §2); every in-flight limit is here."""
+
+    designs_per_document: int = Field(4, ge=1, description="G: designs drawn per document")
+    designer_max_tokens: int = Field(1536, ge=64, description="completion budget of one design")
+    designer_temperature: float = Field(1.0, ge=0)
+    examples_k: int = Field(1, ge=0, description="memory examples (MMR) in each designer prompt")
+    documents_in_flight: int = Field(2, ge=1, description="documents being designed at once")
+    envs_in_flight: int = Field(4, ge=1, description="environments being played at once")
+    env_queue: int = Field(8, ge=1, description="bounded stream: accepted envs awaiting play")
+    replay_probability: float = Field(0.25, ge=0, le=1, description="chance that the next env "
+                                      "played comes from the replay sampler instead")
+    max_staleness: int = Field(2, ge=0, description="samples more policy versions old are dropped")
+    status_interval_s: float = Field(2.0, gt=0, description="how often status.json is written")
+    drain_timeout_s: float = Field(60.0, gt=0, description="on SIGTERM/SIGINT, time to finish "
+                                   "in-flight work before cancelling it")
+
+
 class SpadeConfig(_Strict):
     """The whole tree; `checkpoint_dir` is derived, never configured twice."""
 
@@ -154,6 +174,8 @@ class SpadeConfig(_Strict):
     validation: ValidationConfig = Field(default_factory=ValidationConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     regret: RegretConfig = Field(default_factory=RegretConfig)
+    daemon: DaemonConfig = Field(default_factory=DaemonConfig)
+    corpus: CorpusConfig = Field(default_factory=CorpusConfig)
 
 
 ENV_PREFIX = "SPADE__"
@@ -175,7 +197,8 @@ def _apply_env_overrides(data: dict, environ: dict[str, str]) -> dict:
 
 
 # pydantic puts the discriminator tag into an error's location; it is not a key of the file.
-_SWAP_TAGS = {"vllm-lora", "vllm-reload", "vllm-nccl", "none"}
+_SWAP_TAGS = {"vllm-lora", "vllm-reload", "vllm-nccl", "none",
+              "stdlib", "jsonl", "parquet", "textdir", "hf"}  # and corpus source tags
 
 
 def _key_path(loc: tuple) -> str:

@@ -1,0 +1,403 @@
+"""The self-play daemon: one anyio task group, stages joined by bounded streams (DESIGN §2).
+
+    corpus ─► designer (G designs per document) ─► sandbox validation ─► memory (novelty)
+                                                                            │ accepted
+    replay sampler (memory) ──────────────────────────────────────────────► env stream
+                                                                            ▼
+          K_u unhinted + K_h hinted episodes per env ─► regret ─► memory stats
+                   └─► agent samples ─┐           designer samples (once all G of a doc are in)
+                                      ▼                   ▼
+                             one batch per document ─► spool (atomic, sequenced)
+
+An "iteration" is one document taken through every stage and written to the spool. The corpus
+cursor is committed only after that write, so a crash re-designs at most the documents in flight;
+environments already stored stay stored, and a batch is on disk whole or not at all.
+The components (designer, episode runner, regret math, spool, memory) know nothing of this loop.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import anyio
+from anyio.abc import TaskStatus
+
+from spade_async.chat_tokens import ChatTokens
+from spade_async.config import SpadeConfig
+from spade_async.corpus import Chunk, CorpusSampler
+from spade_async.designer import Design, design
+from spade_async.endpoints.pool import EndpointError, EndpointPool
+from spade_async.envs.validate import ValidationReport, validate
+from spade_async.episode import Episode, run_episode
+from spade_async.logs import get_logger
+from spade_async.regret import DesignStatus, EnvRegret, design_reward, env_regret, group_advantages
+from spade_async.sandbox.runtime import Sandbox, SandboxError
+from spade_async.spool import BatchSpool, Sample
+
+log = get_logger("daemon")
+
+
+# ---- what the daemon needs from the memory (memory_db implements it; tests may fake it) ----
+
+
+@dataclass(frozen=True)
+class StoredEnv:
+    env_id: str
+    code: str
+    name: str
+
+
+class MemoryPort(Protocol):
+    async def examples(self, query: str, k: int) -> list[str]: ...
+
+    async def add_design(self, code: str | None, report: ValidationReport | None, *,
+                         doc_id: str, chunk_id: str, excerpt: str, policy_version: int,
+                         ) -> tuple[DesignStatus, str | None, str]:
+        """Store a design (accepted or rejected, with its reason); (status, env_id, reason)."""
+        ...
+
+    async def record_play(self, env_id: str, unhinted: list[float], hinted: list[float],
+                          regret: EnvRegret, replayed: bool) -> None: ...
+
+    async def sample_replay(self) -> StoredEnv | None: ...
+
+
+class PolicyVersion:
+    """The newest published policy: `{"version": N, "model": "<name requests use>"}` written by
+    the trainer into `<data_dir>/weights/current.json`. Absent: version 0, the base model."""
+
+    def __init__(self, path: Path, base_model: str) -> None:
+        self.path, self.base_model = path, base_model
+        self.version, self.model = 0, base_model
+
+    def refresh(self) -> bool:
+        try:
+            data = json.loads(self.path.read_text())
+            version, model = int(data["version"]), str(data.get("model") or self.base_model)
+        except (OSError, ValueError, KeyError, TypeError):
+            return False
+        if version > self.version:
+            self.version, self.model = version, model
+            log.info("policy_version", version=version, model=model)
+            return True
+        return False
+
+
+@dataclass
+class PlayJob:
+    env_id: str
+    code: str
+    name: str
+    group: DocGroup | None  # None: a replayed environment
+
+
+@dataclass
+class DocGroup:
+    """The G designs of one document, until all their rewards are known."""
+
+    chunk: Chunk
+    designs: list[Design] = field(default_factory=list)
+    status: dict[str, DesignStatus] = field(default_factory=dict)
+    env_of: dict[str, str] = field(default_factory=dict)
+    regrets: dict[str, EnvRegret] = field(default_factory=dict)
+    agent_samples: list[Sample] = field(default_factory=list)
+    pending: int = 0
+    done: anyio.Event = field(default_factory=anyio.Event)
+
+
+class Daemon:
+    def __init__(self, cfg: SpadeConfig, *, pool: EndpointPool, sandbox: Sandbox,
+                 memory: MemoryPort, spool: BatchSpool, corpus: CorpusSampler, chat: ChatTokens,
+                 run_dir: Path) -> None:
+        self.cfg, self.pool, self.sandbox, self.memory = cfg, pool, sandbox, memory
+        self.spool, self.corpus, self.chat, self.run_dir = spool, corpus, chat, run_dir
+        self.policy = PolicyVersion(cfg.paths.data_dir / "weights" / "current.json",
+                                    cfg.model.served_name)
+        self.counters: Counter[str] = Counter()
+        self.reasons: Counter[str] = Counter()
+        self.regrets: list[float] = []
+        self.iterations = 0
+        self.started = time.time()
+        self.in_flight: Counter[str] = Counter()
+        self._episodes_file = run_dir / "episodes.jsonl"
+        self._rng = random.Random(cfg.corpus.seed)
+        self._stopping = False
+
+    # ---- the loop --------------------------------------------------------------------------
+
+    async def run(self, max_iterations: int | None = None, *,
+                  task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Run until `max_iterations` documents are through every stage, or `stop()`."""
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.policy.refresh()
+        dcfg = self.cfg.daemon
+        self._limit_iterations = max_iterations
+        send_env, recv_env = anyio.create_memory_object_stream[PlayJob](dcfg.env_queue)
+        async with anyio.create_task_group() as outer:
+            outer.start_soon(self._status_loop)
+            task_status.started()
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._designer_loop, send_env)
+                for _ in range(dcfg.envs_in_flight):
+                    tg.start_soon(self._player, recv_env.clone())
+                recv_env.close()
+            outer.cancel_scope.cancel()
+        self._write_status()
+        log.info("daemon_stopped", iterations=self.iterations, **dict(self.counters))
+
+    def stop(self) -> None:
+        """Finish the documents in flight, then return (SIGTERM/SIGINT)."""
+        self._stopping = True
+
+    async def _designer_loop(self, send_env) -> None:
+        dcfg = self.cfg.daemon
+        limiter = anyio.Semaphore(dcfg.documents_in_flight)
+        started = 0
+        async with send_env, anyio.create_task_group() as tg:
+            while not self._stopping and (self._limit_iterations is None
+                                          or started < self._limit_iterations):
+                await limiter.acquire()
+                chunk = await anyio.to_thread.run_sync(next, self.corpus)
+                started += 1
+                tg.start_soon(self._document, chunk, send_env.clone(), limiter)
+                if self._rng.random() < dcfg.replay_probability:
+                    tg.start_soon(self._replay_one, send_env.clone())
+
+    async def _replay_one(self, send_env) -> None:
+        async with send_env:
+            env = await self.memory.sample_replay()
+            if env is not None:
+                self.counters["replays"] += 1
+                await send_env.send(PlayJob(env.env_id, env.code, env.name, None))
+
+    async def _document(self, chunk: Chunk, send_env, limiter: anyio.Semaphore) -> None:
+        group = DocGroup(chunk)
+        try:
+            async with send_env:
+                examples = []
+                if self.cfg.daemon.examples_k:
+                    examples = await self.memory.examples(chunk.text, self.cfg.daemon.examples_k)
+                async with anyio.create_task_group() as tg:
+                    for _ in range(self.cfg.daemon.designs_per_document):
+                        tg.start_soon(self._one_design, group, examples)
+                accepted = [d for d in group.designs
+                            if group.status[d.design_id] is DesignStatus.ACCEPTED]
+                group.pending = len(accepted)
+                if not accepted:
+                    group.done.set()
+                for d in accepted:
+                    env_id = group.env_of[d.design_id]
+                    await send_env.send(PlayJob(env_id, d.code or "", env_id, group))
+            await group.done.wait()
+            await self._finish_document(group)
+        finally:
+            limiter.release()
+
+    async def _one_design(self, group: DocGroup, examples: list[str]) -> None:
+        dcfg, chunk = self.cfg.daemon, group.chunk
+        self.in_flight["designs"] += 1
+        try:
+            d = await design(
+                self.pool, self.chat, doc_id=chunk.doc_id, chunk_id=chunk.chunk_id,
+                excerpt=chunk.text, examples=examples, model=self.policy.model,
+                policy_version=self.policy.version, max_tokens=dcfg.designer_max_tokens,
+                temperature=dcfg.designer_temperature, max_seq_len=self.cfg.rollout.max_seq_len,
+                deadline_s=self.cfg.rollout.request_deadline_s,
+            )
+        except EndpointError as exc:
+            self.counters["design_request_failed"] += 1
+            log.warning("design_request_failed", chunk=chunk.chunk_id, error=str(exc))
+            return
+        finally:
+            self.in_flight["designs"] -= 1
+        self.counters["designs"] += 1
+        report = None
+        if d.code is not None:
+            self.in_flight["validations"] += 1
+            try:
+                report = await validate(d.code, self.sandbox, self.cfg.validation)
+            finally:
+                self.in_flight["validations"] -= 1
+        status, env_id, reason = await self.memory.add_design(
+            d.code, report, doc_id=chunk.doc_id, chunk_id=chunk.chunk_id, excerpt=chunk.text,
+            policy_version=d.policy_version,
+        )
+        group.designs.append(d)
+        group.status[d.design_id] = status
+        self.counters[f"designs_{status.value}"] += 1
+        if status is DesignStatus.ACCEPTED:
+            group.env_of[d.design_id] = env_id or ""
+        else:
+            self.reasons[reason.split(":")[0] if reason else "unknown"] += 1
+        log.info("design", chunk=chunk.chunk_id, status=status.value, env_id=env_id,
+                 reason=reason or None)
+
+    # ---- playing ---------------------------------------------------------------------------
+
+    async def _player(self, recv_env) -> None:
+        async with recv_env:
+            async for job in recv_env:
+                try:
+                    await self._play(job)
+                finally:
+                    if job.group is not None:
+                        job.group.pending -= 1
+                        if job.group.pending <= 0:
+                            job.group.done.set()
+
+    async def _play(self, job: PlayJob) -> None:
+        rcfg = self.cfg.rollout
+        self.policy.refresh()
+        model, version = self.policy.model, self.policy.version
+        results: dict[bool, list[Episode]] = {False: [], True: []}
+
+        async def one(hinted: bool, seed: int) -> None:
+            self.in_flight["episodes"] += 1
+            try:
+                async with self.sandbox.open(job.code) as env:
+                    hint = None
+                    if hinted:
+                        await env.reset(seed)
+                        hint = await env.hint()
+                    ep = await run_episode(env, self.pool, self.chat, env_id=job.env_id,
+                                           seed=seed, hint=hint, model=model,
+                                           policy_version=version, cfg=rcfg)
+            except SandboxError as exc:
+                ep = Episode(f"ep-{uuid.uuid4().hex[:12]}", job.env_id, seed, hinted, version,
+                             model, error=f"sandbox: {exc}")
+            except EndpointError as exc:
+                self.counters["episode_request_failed"] += 1
+                ep = Episode(f"ep-{uuid.uuid4().hex[:12]}", job.env_id, seed, hinted, version,
+                             model, error=f"endpoint: {exc}")
+            finally:
+                self.in_flight["episodes"] -= 1
+            results[hinted].append(ep)
+            self.counters["episodes"] += 1
+            self.counters["tokens_sampled"] += ep.sampled_tokens
+            await anyio.to_thread.run_sync(self._save_episode, ep)
+
+        seeds = [self._rng.randrange(2**31) for _ in range(rcfg.k_unhinted)]
+        async with anyio.create_task_group() as tg:
+            for s in seeds:
+                tg.start_soon(one, False, s)
+            for s in seeds[: rcfg.k_hinted] + [self._rng.randrange(2**31)
+                                               for _ in range(rcfg.k_hinted - len(seeds))]:
+                tg.start_soon(one, True, s)
+        unhinted = [e.score for e in results[False]]
+        hinted = [e.score for e in results[True]]
+        regret = env_regret(unhinted, hinted, self.cfg.regret)
+        self.regrets.append(regret.regret)
+        await self.memory.record_play(job.env_id, unhinted, hinted, regret,
+                                      replayed=job.group is None)
+        log.info("env_played", env_id=job.env_id, replayed=job.group is None,
+                 **{k: round(v, 4) if isinstance(v, float) else v
+                    for k, v in regret.as_dict().items()})
+        samples = self._agent_samples(results, version)
+        if job.group is not None:
+            job.group.regrets[job.env_id] = regret
+            job.group.agent_samples += samples
+        elif samples:
+            await self._write_batch(samples)
+
+    def _agent_samples(self, results: dict[bool, list[Episode]], version: int) -> list[Sample]:
+        eps = self.cfg.regret.advantage_eps
+        groups = [results[False]] + ([results[True]] if self.cfg.regret.train_on_hinted else [])
+        out: list[Sample] = []
+        for episodes in groups:
+            usable = [e for e in episodes if e.sampled_tokens and e.error is None]
+            adv = group_advantages([e.score for e in usable], eps)
+            if adv is None:
+                self.counters["agent_groups_zero_variance"] += 1
+                continue
+            for e, a in zip(usable, adv, strict=True):
+                out.append(Sample(
+                    sample_id=e.episode_id, role="agent", env_id=e.env_id,
+                    policy_version=e.policy_version, token_ids=e.token_ids,
+                    loss_mask=e.loss_mask, behaviour_logprobs=e.logprobs, advantage=a,
+                    reward=e.score, episode_id=e.episode_id, hinted=e.hinted,
+                ))
+        return out
+
+    # ---- batches ---------------------------------------------------------------------------
+
+    async def _finish_document(self, group: DocGroup) -> None:
+        rewards = []
+        for d in group.designs:
+            st = group.status[d.design_id]
+            rewards.append(design_reward(st, group.regrets.get(group.env_of.get(d.design_id, "")),
+                                         self.cfg.regret))
+        samples = list(group.agent_samples)
+        adv = group_advantages(rewards, self.cfg.regret.advantage_eps)
+        if adv is None:
+            self.counters["designer_groups_zero_variance"] += 1
+        else:
+            for d, a, r in zip(group.designs, adv, rewards, strict=True):
+                samples.append(Sample(
+                    sample_id=d.design_id, role="designer",
+                    env_id=group.env_of.get(d.design_id, ""), policy_version=d.policy_version,
+                    token_ids=d.token_ids, loss_mask=d.loss_mask, behaviour_logprobs=d.logprobs,
+                    advantage=a, reward=r,
+                ))
+        if samples:
+            await self._write_batch(samples)
+        await anyio.to_thread.run_sync(self.corpus.commit)
+        self.iterations += 1
+        log.info("iteration", n=self.iterations, chunk=group.chunk.chunk_id,
+                 designs=len(group.designs), samples=len(samples))
+
+    async def _write_batch(self, samples: list[Sample]) -> None:
+        self.policy.refresh()
+        floor = self.policy.version - self.cfg.daemon.max_staleness
+        fresh = [s for s in samples if s.policy_version >= floor]
+        self.counters["samples_stale_dropped"] += len(samples) - len(fresh)
+        if not fresh:
+            return
+        seq = await anyio.to_thread.run_sync(self.spool.write, fresh)
+        self.counters["batches"] += 1
+        self.counters["samples"] += len(fresh)
+        log.info("batch_written", seq=seq, samples=len(fresh),
+                 agent=sum(s.role == "agent" for s in fresh),
+                 designer=sum(s.role == "designer" for s in fresh))
+
+    # ---- inspection ------------------------------------------------------------------------
+
+    def _save_episode(self, ep: Episode) -> None:
+        with open(self._episodes_file, "a") as f:
+            f.write(json.dumps(ep.as_record(), ensure_ascii=False) + "\n")
+
+    def status(self) -> dict[str, Any]:
+        regrets = sorted(self.regrets)
+        return {
+            "pid": os.getpid(),
+            "updated_at": time.time(),
+            "uptime_s": round(time.time() - self.started, 1),
+            "iterations": self.iterations,
+            "policy_version": self.policy.version,
+            "model": self.policy.model,
+            "counters": dict(self.counters),
+            "rejection_reasons": dict(self.reasons),
+            "in_flight": dict(self.in_flight),
+            "endpoint_in_flight": self.pool.in_flight(),
+            "regret": {"n": len(regrets),
+                       "mean": round(sum(regrets) / len(regrets), 4) if regrets else None,
+                       "max": regrets[-1] if regrets else None},
+            "stopping": self._stopping,
+        }
+
+    def _write_status(self) -> None:
+        tmp = self.run_dir / "status.json.tmp"
+        tmp.write_text(json.dumps(self.status(), indent=1))
+        os.replace(tmp, self.run_dir / "status.json")
+
+    async def _status_loop(self) -> None:
+        while True:
+            await anyio.to_thread.run_sync(self._write_status)
+            await anyio.sleep(self.cfg.daemon.status_interval_s)

@@ -1,0 +1,49 @@
+"""An in-process MemoryPort for daemon tests that are about the loop, not about LanceDB.
+The real memory (memory_db on LanceDB) has its own tests; this double keeps the same contract:
+accepted and rejected designs are both stored, with reasons."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+from spade_async.daemon import StoredEnv
+from spade_async.envs.validate import ValidationReport
+from spade_async.regret import DesignStatus, EnvRegret
+
+
+@dataclass
+class DictMemory:
+    envs: dict[str, dict] = field(default_factory=dict)
+    plays: list[tuple[str, list[float], list[float], EnvRegret, bool]] = field(default_factory=list)
+    replay_ids: list[str] = field(default_factory=list)
+
+    async def examples(self, query: str, k: int) -> list[str]:
+        accepted = [e["code"] for e in self.envs.values() if e["status"] == "accepted"]
+        return accepted[:k]
+
+    async def add_design(self, code, report: ValidationReport | None, *, doc_id, chunk_id,
+                         excerpt, policy_version):
+        env_id = hashlib.sha256((code or f"none:{len(self.envs)}").encode()).hexdigest()[:16]
+        if code is None:
+            status, reason = DesignStatus.INVALID, "no_code: the reply holds no Environment class"
+        elif not report.accepted:
+            status, reason = DesignStatus.INVALID, report.reason
+        elif any(e["code"] == code and e["status"] == "accepted" for e in self.envs.values()):
+            status, reason = DesignStatus.DUPLICATE, "duplicate of " + env_id
+        else:
+            status, reason = DesignStatus.ACCEPTED, ""
+        self.envs.setdefault(env_id, {"code": code, "doc_id": doc_id, "chunk_id": chunk_id,
+                                      "status": "accepted" if status is DesignStatus.ACCEPTED
+                                      else "rejected", "reason": reason,
+                                      "policy_version": policy_version})
+        return status, env_id if status is DesignStatus.ACCEPTED else None, reason
+
+    async def record_play(self, env_id, unhinted, hinted, regret, replayed):
+        self.plays.append((env_id, unhinted, hinted, regret, replayed))
+
+    async def sample_replay(self):
+        for env_id in self.replay_ids:
+            e = self.envs[env_id]
+            return StoredEnv(env_id, e["code"], env_id)
+        return None

@@ -1,0 +1,149 @@
+"""The daemon end to end against a scripted fake endpoint, with the real sandbox, the real spool
+and a corpus on disk: a known environment is proposed, validated, stored, played hinted and
+unhinted; regret, advantages and the batch contents equal values computed by hand."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from spade_async.chat_tokens import ChatTokens
+from spade_async.config import (
+    DaemonConfig,
+    EndpointConfig,
+    PathsConfig,
+    PoolConfig,
+    RolloutConfig,
+    SandboxConfig,
+    SpadeConfig,
+)
+from spade_async.corpus import CorpusConfig, CorpusSampler, JsonlSourceConfig
+from spade_async.daemon import Daemon
+from spade_async.endpoints.pool import EndpointPool
+from spade_async.sandbox.runtime import Sandbox
+from spade_async.spool import FileSpool
+from spade_async.testing.fake_openai import FakeOpenAIServer
+from spade_async.testing.memory import DictMemory
+
+ENV_CODE = '''import random
+
+
+class Environment:
+    name = "countdown"
+    description = "Reply with the number you are shown, each turn."
+    max_turns = 3
+
+    def reset(self, seed):
+        self.n = random.Random(seed).randint(5, 9)
+        self.good = 0
+        self.turn = 0
+        return f"say {self.n}", {}
+
+    def step(self, action):
+        self.turn += 1
+        self.good += action.strip() == str(self.n)
+        self.n -= 1
+        done = self.turn == 3
+        reward = 1.0 if done and self.good == 3 else 0.0
+        return ("done" if done else f"say {self.n}"), reward, done, False, {}
+
+    def hint(self):
+        return "repeat the number"
+
+    def solution(self):
+        return [str(self.n - i) for i in range(3)]
+'''
+
+
+class Script:
+    """Designer: first reply is the environment, second is unusable. Agent: correct answers
+    only when the privileged hint is in its prompt."""
+
+    def __init__(self, chat: ChatTokens) -> None:
+        self.chat, self.designs = chat, 0
+
+    def __call__(self, prompt_ids: list[int]) -> list[int]:
+        text = self.chat.tok.decode(prompt_ids)
+        if "Environment Designer" in text:
+            self.designs += 1
+            reply = f"```python\n{ENV_CODE}```" if self.designs == 1 else "I can't write that."
+        else:
+            number = re.findall(r"say (\d+)", text)[-1]
+            reply = number if "Privileged hint" in text else "0"
+        return self.chat.encode(reply) + [self.chat.tok.eos_token_id]
+
+
+@pytest.fixture
+def fake(checkpoint):
+    chat = ChatTokens.from_pretrained(checkpoint)
+    server = FakeOpenAIServer()
+    server.state.script = Script(chat)
+    server.state.decode = chat.decode
+    server.state.eos_token_id = chat.tok.eos_token_id
+    server.start()
+    yield server, chat
+    server.stop()
+
+
+def _config(tmp_path, server) -> SpadeConfig:
+    corpus = tmp_path / "docs.jsonl"
+    corpus.write_text(json.dumps({"id": "doc1", "text": "Countdown games train attention. " * 20})
+                      + "\n")
+    return SpadeConfig(
+        paths=PathsConfig(data_dir=tmp_path / "data"),
+        endpoints=[EndpointConfig(name="fake", base_url=server.base_url)],
+        pool=PoolConfig(wait_for_endpoint_s=5),
+        sandbox=SandboxConfig(slots=4, warm_workers=2),
+        rollout=RolloutConfig(k_unhinted=3, k_hinted=2, max_tokens_per_turn=16),
+        daemon=DaemonConfig(designs_per_document=2, examples_k=0, replay_probability=0.0),
+        corpus=CorpusConfig(source=JsonlSourceConfig(path=corpus, id_field="id"), min_chars=10),
+    )
+
+
+async def test_one_iteration_regret_advantages_and_batch_by_hand(fake, tmp_path):
+    server, chat = fake
+    cfg = _config(tmp_path, server)
+    memory = DictMemory()
+    spool = FileSpool(tmp_path / "spool", writer=True)
+    sampler = CorpusSampler.from_config(cfg.corpus, tmp_path / "corpus.json", autocommit=False)
+    async with EndpointPool(cfg.endpoints, cfg.pool) as pool, Sandbox(cfg.sandbox) as sb:
+        daemon = Daemon(cfg, pool=pool, sandbox=sb, memory=memory, spool=spool, corpus=sampler,
+                        chat=chat, run_dir=tmp_path / "run")
+        await daemon.run(max_iterations=1)
+    # Stored: one accepted env (the known code), one rejected design with its reason.
+    statuses = sorted(e["status"] for e in memory.envs.values())
+    assert statuses == ["accepted", "rejected"]
+    (accepted,) = [e for e in memory.envs.values() if e["status"] == "accepted"]
+    assert accepted["code"].strip() == ENV_CODE.strip() and accepted["doc_id"] == "doc1"
+    (rejected,) = [e for e in memory.envs.values() if e["status"] == "rejected"]
+    assert rejected["reason"].startswith("no_code")
+    # Played: 3 unhinted (all wrong: 0) and 2 hinted (all right: 1) -> regret 1.
+    ((env_id, unhinted, hinted, regret, replayed),) = memory.plays
+    assert (unhinted, hinted, replayed) == ([0.0, 0.0, 0.0], [1.0, 1.0], False)
+    assert (regret.r_unhinted, regret.r_hinted, regret.regret, regret.feasible) == (0, 1, 1, True)
+    # Batch: agent groups have zero variance (dropped, counted); designer rewards [1, -1]
+    # normalise to [+1, -1] (std 1).
+    assert daemon.counters["agent_groups_zero_variance"] == 1
+    batch = spool.claim_next(0)
+    assert batch is not None and batch.seq == 1
+    samples = batch.samples()
+    assert [s.role for s in samples] == ["designer", "designer"]
+    by_reward = sorted(samples, key=lambda s: s.reward)
+    assert [s.reward for s in by_reward] == [-1.0, 1.0]
+    assert [s.advantage for s in by_reward] == pytest.approx([-1.0, 1.0], abs=1e-5)
+    good = by_reward[1]
+    assert good.env_id == env_id
+    # The designer sample is token-exact: prompt (mask 0) + the scripted reply + eos (mask 1).
+    completion = [t for t, m in zip(good.token_ids, good.loss_mask, strict=True) if m]
+    assert completion == chat.encode(f"```python\n{ENV_CODE}```") + [chat.tok.eos_token_id]
+    assert list(good.token_ids[: len(good.token_ids) - len(completion)]) == (
+        server.state.completions[0]["prompt"] if "Designer" in chat.tok.decode(
+            server.state.completions[0]["prompt"]) else server.state.completions[1]["prompt"])
+    # Every episode was saved; the corpus cursor moved past the document; status was written.
+    episodes = [json.loads(x) for x in (tmp_path / "run" / "episodes.jsonl").read_text().splitlines()]
+    assert len(episodes) == 5 and sorted(e["score"] for e in episodes) == [0, 0, 0, 1, 1]
+    status = json.loads((tmp_path / "run" / "status.json").read_text())
+    assert status["iterations"] == 1 and status["counters"]["batches"] == 1
+    assert json.loads((tmp_path / "corpus.json").read_text())["consumed"] == 1
