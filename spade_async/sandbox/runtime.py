@@ -177,9 +177,11 @@ class Worker:
         return msg.get("result")
 
     async def _exit_code(self, timeout: float) -> int | None:
+        delay = 0.0005
         with anyio.move_on_after(timeout):
             while self.proc.poll() is None:
-                await anyio.sleep(0.005)
+                await anyio.sleep(delay)
+                delay = min(delay * 2, 0.02)
         return self.proc.returncode
 
     async def _write(self, data: bytes) -> None:
@@ -226,7 +228,7 @@ class Worker:
             if self.reaper is not None:
                 with anyio.move_on_after(1.0):
                     while self.reaper():  # orphans still dying: reap them as they go
-                        await anyio.sleep(0.005)
+                        await anyio.sleep(0.001)
             self._close_pipes()
 
     def _signal_all(self) -> None:
@@ -255,12 +257,7 @@ class Worker:
         self._close_pipes()
 
     async def close(self) -> None:
-        if self.alive and self.info is not None:
-            with anyio.move_on_after(0.5):
-                try:
-                    await self.call("close", 0.5)
-                except SandboxError:
-                    pass
+        # No goodbye round trip: the worker holds nothing worth a graceful exit.
         await self.kill()
 
 
@@ -442,7 +439,7 @@ class Sandbox:
             slot = self._free.popleft()
             try:
                 self._warm.append(self._adopt(Worker.launch(
-                    self.isolation, slot, self.cfg, self.cgroups, preload=True)))
+                    self.isolation, slot, self.cfg, self.cgroups, preload=False)))
             except SandboxError as exc:
                 log.error("warm_worker_failed", slot=slot, error=str(exc))
                 self._free.append(slot)

