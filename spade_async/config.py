@@ -163,6 +163,8 @@ class DaemonConfig(_Strict):
     status_interval_s: float = Field(2.0, gt=0, description="how often status.json is written")
     drain_timeout_s: float = Field(60.0, gt=0, description="on SIGTERM/SIGINT, time to finish "
                                    "in-flight work before cancelling it")
+    metrics_port: int = Field(0, ge=0, le=65535, description="Prometheus /metrics on 127.0.0.1 "
+                              "(0: off)")
 
 
 class SpadeConfig(_Strict):

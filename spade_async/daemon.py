@@ -38,6 +38,7 @@ from spade_async.endpoints.pool import EndpointError, EndpointPool
 from spade_async.envs.validate import ValidationReport, validate
 from spade_async.episode import Episode, run_episode
 from spade_async.logs import get_logger
+from spade_async.metrics import Metrics
 from spade_async.regret import DesignStatus, EnvRegret, design_reward, env_regret, group_advantages
 from spade_async.sandbox.runtime import Sandbox, SandboxError
 from spade_async.spool import BatchSpool, Sample
@@ -130,6 +131,7 @@ class Daemon:
         self._episodes_file = run_dir / "episodes.jsonl"
         self._rng = random.Random(cfg.corpus.seed)
         self._stopping = False
+        self.metrics = Metrics()
 
     # ---- the loop --------------------------------------------------------------------------
 
@@ -141,6 +143,9 @@ class Daemon:
         dcfg = self.cfg.daemon
         self._limit_iterations = max_iterations
         send_env, recv_env = anyio.create_memory_object_stream[PlayJob](dcfg.env_queue)
+        self._send_env = send_env
+        if dcfg.metrics_port:
+            self.metrics.serve(dcfg.metrics_port)
         async with anyio.create_task_group() as outer:
             outer.start_soon(self._status_loop)
             task_status.started()
@@ -233,10 +238,14 @@ class Daemon:
         group.designs.append(d)
         group.status[d.design_id] = status
         self.counters[f"designs_{status.value}"] += 1
+        self.metrics.designs.labels(status.value).inc()
+        self.metrics.tokens.labels("designer").inc(len(d.token_ids) - d.prompt_len)
         if status is DesignStatus.ACCEPTED:
             group.env_of[d.design_id] = env_id or ""
         else:
-            self.reasons[reason.split(":")[0] if reason else "unknown"] += 1
+            key = reason.split(":")[0] if reason else "unknown"
+            self.reasons[key] += 1
+            self.metrics.rejections.labels(key).inc()
         log.info("design", chunk=chunk.chunk_id, status=status.value, env_id=env_id,
                  reason=reason or None)
 
@@ -282,6 +291,9 @@ class Daemon:
             results[hinted].append(ep)
             self.counters["episodes"] += 1
             self.counters["tokens_sampled"] += ep.sampled_tokens
+            self.metrics.episodes.labels(str(hinted).lower(),
+                                         "error" if ep.error else "ok").inc()
+            self.metrics.tokens.labels("agent").inc(ep.sampled_tokens)
             await anyio.to_thread.run_sync(self._save_episode, ep)
 
         seeds = [self._rng.randrange(2**31) for _ in range(rcfg.k_unhinted)]
@@ -295,6 +307,7 @@ class Daemon:
         hinted = [e.score for e in results[True]]
         regret = env_regret(unhinted, hinted, self.cfg.regret)
         self.regrets.append(regret.regret)
+        self.metrics.regret.observe(regret.regret)
         await self.memory.record_play(job.env_id, unhinted, hinted, regret,
                                       replayed=job.group is None)
         log.info("env_played", env_id=job.env_id, replayed=job.group is None,
@@ -363,6 +376,12 @@ class Daemon:
         seq = await anyio.to_thread.run_sync(self.spool.write, fresh)
         self.counters["batches"] += 1
         self.counters["samples"] += len(fresh)
+        self.metrics.batches.inc()
+        self.metrics.stale.inc(len(samples) - len(fresh))
+        for s in fresh:
+            self.metrics.samples.labels(s.role).inc()
+        versions = [s.policy_version for s in fresh]
+        self.metrics.staleness.set(max(versions) - min(versions))
         log.info("batch_written", seq=seq, samples=len(fresh),
                  agent=sum(s.role == "agent" for s in fresh),
                  designer=sum(s.role == "designer" for s in fresh))
@@ -385,6 +404,7 @@ class Daemon:
             "counters": dict(self.counters),
             "rejection_reasons": dict(self.reasons),
             "in_flight": dict(self.in_flight),
+            "env_queue_depth": self._queue_depth(),
             "endpoint_in_flight": self.pool.in_flight(),
             "regret": {"n": len(regrets),
                        "mean": round(sum(regrets) / len(regrets), 4) if regrets else None,
@@ -399,5 +419,16 @@ class Daemon:
 
     async def _status_loop(self) -> None:
         while True:
+            m = self.metrics
+            m.policy_version.set(self.policy.version)
+            for stage in ("designs", "validations", "episodes"):
+                m.in_flight.labels(stage).set(self.in_flight[stage])
+            for name, n in self.pool.in_flight().items():
+                m.endpoint_in_flight.labels(name).set(n)
+            m.queue_depth.set(self._queue_depth())
             await anyio.to_thread.run_sync(self._write_status)
             await anyio.sleep(self.cfg.daemon.status_interval_s)
+
+    def _queue_depth(self) -> int:
+        stream = getattr(self, "_send_env", None)
+        return stream.statistics().current_buffer_used if stream is not None else 0

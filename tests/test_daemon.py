@@ -147,3 +147,11 @@ async def test_one_iteration_regret_advantages_and_batch_by_hand(fake, tmp_path)
     status = json.loads((tmp_path / "run" / "status.json").read_text())
     assert status["iterations"] == 1 and status["counters"]["batches"] == 1
     assert json.loads((tmp_path / "corpus.json").read_text())["consumed"] == 1
+    # Prometheus metrics agree.
+    reg = daemon.metrics.registry
+    assert reg.get_sample_value("spade_designs_total", {"status": "accepted"}) == 1
+    assert reg.get_sample_value("spade_designs_total", {"status": "invalid"}) == 1
+    assert reg.get_sample_value("spade_rejections_total", {"reason": "no_code"}) == 1
+    assert reg.get_sample_value("spade_episodes_total", {"hinted": "true", "outcome": "ok"}) == 2
+    assert reg.get_sample_value("spade_samples_total", {"role": "designer"}) == 2
+    assert reg.get_sample_value("spade_env_regret_sum") == 1.0

@@ -1,0 +1,37 @@
+"""Prometheus metrics of the daemon, on their own registry (one per daemon; tests build many).
+Served over HTTP when `daemon.metrics_port` is set; never required for the loop to run."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+
+class Metrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.designs = Counter("spade_designs", "designs proposed, by outcome", ["status"],
+                               registry=r)
+        self.rejections = Counter("spade_rejections", "rejected designs by reason", ["reason"],
+                                  registry=r)
+        self.episodes = Counter("spade_episodes", "episodes played", ["hinted", "outcome"],
+                                registry=r)
+        self.tokens = Counter("spade_tokens", "tokens sampled", ["role"], registry=r)
+        self.batches = Counter("spade_batches", "batches written to the spool", registry=r)
+        self.samples = Counter("spade_samples", "samples written, by role", ["role"], registry=r)
+        self.stale = Counter("spade_samples_stale_dropped", "samples older than max_staleness",
+                             registry=r)
+        self.regret = Histogram("spade_env_regret", "regret per played environment",
+                                buckets=(0, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 1.0), registry=r)
+        self.policy_version = Gauge("spade_policy_version", "newest published policy version",
+                                    registry=r)
+        self.staleness = Gauge("spade_batch_staleness", "policy versions between the newest and "
+                               "the oldest sample of the last batch", registry=r)
+        self.in_flight = Gauge("spade_in_flight", "work in flight, by stage", ["stage"],
+                               registry=r)
+        self.endpoint_in_flight = Gauge("spade_endpoint_in_flight", "requests in flight",
+                                        ["endpoint"], registry=r)
+        self.queue_depth = Gauge("spade_env_queue_depth", "accepted envs waiting to be played",
+                                 registry=r)
+
+    def serve(self, port: int, host: str = "127.0.0.1") -> None:
+        start_http_server(port, addr=host, registry=self.registry)
