@@ -366,3 +366,78 @@ def bench_pipeline(
             x = r[key]
             typer.echo(f"{label:30s} daemon {x['daemon']['tokens_per_s']:8.1f} tok/s   bare "
                        f"{x['bare']['tokens_per_s']:8.1f} tok/s   ratio {x['ratio']:.3f}")
+
+
+@app.command("run")
+def run(
+    config: Path = ConfigOpt,
+    max_iterations: int = typer.Option(None, "--max-iterations", min=1,
+                                       help="stop after N documents went through every stage"),
+) -> None:
+    """The self-play daemon: designer, sandbox, memory, episodes, regret, batches to the spool.
+    SIGTERM/SIGINT finish the documents in flight (daemon.drain_timeout_s), then stop."""
+    import signal
+
+    from spade_async.chat_tokens import ChatTokens
+    from spade_async.config import checkpoint_dir, run_dir
+    from spade_async.corpus import CorpusSampler
+    from spade_async.daemon import Daemon
+    from spade_async.endpoints.pool import EndpointPool
+    from spade_async.logs import get_logger
+    from spade_async.memory_port import open_memory
+    from spade_async.sandbox.isolation import SandboxUnavailable
+    from spade_async.sandbox.runtime import Sandbox
+    from spade_async.spool import FileSpool, SpoolError
+
+    cfg = _config(config)
+    log = get_logger("cli")
+    data = cfg.paths.data_dir
+    rdir = run_dir(cfg)
+    rdir.mkdir(parents=True, exist_ok=True)
+    (rdir / "config.resolved.json").write_text(cfg.model_dump_json(indent=2))
+    tokenizer = cfg.model.tokenizer or checkpoint_dir(cfg)
+    if not (Path(tokenizer) / "tokenizer_config.json").is_file():
+        typer.echo(f"error: no tokenizer at {tokenizer}: run `spade model prepare` or set "
+                   "model.tokenizer", err=True)
+        raise typer.Exit(2)
+
+    async def main() -> None:
+        chat = await anyio.to_thread.run_sync(ChatTokens.from_pretrained, tokenizer)
+        sampler = CorpusSampler.from_config(cfg.corpus, data / "corpus-state.json",
+                                            autocommit=False)
+        with FileSpool(data / "spool", writer=True) as spool:
+            async with EndpointPool(cfg.endpoints, cfg.pool) as pool, \
+                    open_memory(cfg) as memory, Sandbox(cfg.sandbox) as sandbox, \
+                    anyio.create_task_group() as tg:
+                await tg.start(pool.run)
+                daemon = Daemon(cfg, pool=pool, sandbox=sandbox, memory=memory, spool=spool,
+                                corpus=sampler, chat=chat, run_dir=rdir)
+
+                async def on_signals() -> None:
+                    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                        async for sig in signals:
+                            if daemon._stopping:
+                                log.warning("second_signal_cancelling", signal=sig.name)
+                                tg.cancel_scope.cancel()
+                                return
+                            log.info("draining", signal=sig.name,
+                                     timeout_s=cfg.daemon.drain_timeout_s)
+                            daemon.stop()
+                            tg.start_soon(deadline)
+
+                async def deadline() -> None:
+                    await anyio.sleep(cfg.daemon.drain_timeout_s)
+                    log.warning("drain_deadline_passed")
+                    tg.cancel_scope.cancel()
+
+                tg.start_soon(on_signals)
+                await daemon.run(max_iterations)
+                tg.cancel_scope.cancel()
+
+    try:
+        anyio.run(main)
+    except SandboxUnavailable as exc:
+        _sandbox_error(exc)
+    except SpoolError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 
+import anyio
 import pytest
 
 from spade_async.chat_tokens import ChatTokens
@@ -155,3 +156,40 @@ async def test_one_iteration_regret_advantages_and_batch_by_hand(fake, tmp_path)
     assert reg.get_sample_value("spade_episodes_total", {"hinted": "true", "outcome": "ok"}) == 2
     assert reg.get_sample_value("spade_samples_total", {"role": "designer"}) == 2
     assert reg.get_sample_value("spade_env_regret_sum") == 1.0
+
+
+async def test_endpoint_dying_mid_run_backs_off_and_continues(fake, tmp_path):
+    server, chat = fake
+    cfg = _config(tmp_path, server)
+    corpus = tmp_path / "docs.jsonl"
+    corpus.write_text("".join(json.dumps({"id": f"doc{i}", "text": f"Document {i}. " * 30}) + "\n"
+                              for i in range(3)))
+    cfg = cfg.model_copy(update={
+        "pool": PoolConfig(wait_for_endpoint_s=30, backoff_initial_s=0.05, backoff_max_s=0.2,
+                           health_interval_s=0.2, down_after_failures=1),
+    })
+    server.state.token_latency_s = 0.01
+    memory = DictMemory()
+    spool = FileSpool(tmp_path / "spool", writer=True)
+    sampler = CorpusSampler.from_config(cfg.corpus, tmp_path / "corpus.json", autocommit=False)
+    async with EndpointPool(cfg.endpoints, cfg.pool) as pool, Sandbox(cfg.sandbox) as sb:
+        daemon = Daemon(cfg, pool=pool, sandbox=sb, memory=memory, spool=spool, corpus=sampler,
+                        chat=chat, run_dir=tmp_path / "run")
+        async with anyio.create_task_group() as tg:
+            await tg.start(pool.run)
+
+            async def outage() -> None:
+                while daemon.counters["episodes"] < 2:
+                    await anyio.sleep(0.02)
+                await anyio.to_thread.run_sync(server.stop)
+                await anyio.sleep(1.5)
+                assert not pool.is_up("fake")
+                await anyio.to_thread.run_sync(server.start)
+
+            tg.start_soon(outage)
+            await daemon.run(max_iterations=2)
+            tg.cancel_scope.cancel()
+    assert daemon.iterations == 2
+    assert pool.is_up("fake")
+    assert daemon.counters["episode_request_failed"] == 0  # waited it out, nothing dropped
+    assert spool.last_seq() >= 1
