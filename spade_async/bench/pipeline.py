@@ -122,7 +122,7 @@ async def _compare(label: str, base_url: str, chat: ChatTokens, concurrency: int
 
 
 def run_pipeline_bench(checkpoint: Path, *, concurrency: int = 8, episodes: int = 32,
-                       tokens: int = 32, token_latency_s: float = 0.002, real: bool = False,
+                       tokens: int = 64, token_latency_s: float = 0.005, real: bool = False,
                        real_episodes: int = 8, progress: Callable[[str], None] = lambda m: None,
                        ) -> dict[str, Any]:
     import subprocess

@@ -246,6 +246,24 @@ class Worker:
             except OSError:
                 pass
 
+    def start_kill(self, reason: str = "closed") -> None:
+        """SIGKILL everything now; `finished()` says when the slot is clean again. Lets an
+        episode return without waiting for the kernel to tear the namespaces down."""
+        if self.dead is None:
+            self.dead = reason
+        self._signal_all()
+
+    def finished(self) -> bool:
+        """Non-blocking: the process has exited, its orphans are reaped and its cgroup is empty."""
+        if self.proc.poll() is None:
+            return False
+        if self.reaper is not None and self.reaper():
+            return False
+        if self.cgroups is not None and self.cgroups.sweep(self.slot):
+            return False
+        self._close_pipes()
+        return True
+
     def kill_now(self) -> None:
         """Synchronous kill for teardown paths that cannot await."""
         self.dead = self.dead or "closed"
@@ -379,6 +397,7 @@ class Sandbox:
         self._free: deque[int] = deque(range(cfg.slots))
         self._warm: deque[Worker] = deque()
         self._all: set[Worker] = set()
+        self._dying: list[Worker] = []  # killed, slot not yet clean
         self._changed = anyio.Event()
         self._open = False
         self.stats = SandboxStats()
@@ -412,6 +431,8 @@ class Sandbox:
         with anyio.CancelScope(shield=True):
             while self._warm:
                 await self._warm.popleft().kill()
+            while self._dying:
+                await self._dying.pop().kill()
             if self.cgroups is not None:
                 self.cgroups.remove()
 
@@ -445,8 +466,24 @@ class Sandbox:
                 self._free.append(slot)
                 return
 
+    def _collect(self) -> None:
+        """Free the slots of killed workers whose teardown has completed."""
+        if not self._dying:
+            return
+        still = [w for w in self._dying if not w.finished()]
+        freed = len(self._dying) - len(still)
+        if freed:
+            for w in self._dying:
+                if w not in still:
+                    self._free.append(w.slot)
+            self._dying = still
+            self.stats.killed += freed
+            self._refill()
+            self._notify()
+
     async def _take_worker(self) -> Worker:
         while True:
+            self._collect()
             while self._warm:
                 worker = self._warm.popleft()
                 try:
@@ -470,13 +507,16 @@ class Sandbox:
                     raise
                 self.stats.started_cold += 1
                 return worker
-            await self._changed.wait()
+            if self._dying:  # a slot frees itself as soon as the kernel is done with it
+                with anyio.move_on_after(0.002):
+                    await self._changed.wait()
+            else:
+                await self._changed.wait()
 
     def _give_back(self, worker: Worker) -> None:
-        self._free.append(worker.slot)
-        self.stats.killed += 1
-        self._refill()
-        self._notify()
+        worker.start_kill()
+        self._dying.append(worker)
+        self._collect()
 
     @asynccontextmanager
     async def open(self, code: str) -> AsyncIterator[EnvSession]:
@@ -491,9 +531,7 @@ class Sandbox:
             meta = _checked(check_meta, raw, "load")
             yield EnvSession(worker, meta, self.cfg)
         finally:
-            with anyio.CancelScope(shield=True):
-                await worker.close()
-                self._give_back(worker)
+            self._give_back(worker)
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Service form for the daemon's task group."""
