@@ -1,0 +1,172 @@
+"""The values that cross the memory's API, and the running-statistics update (one pure function).
+
+Scores are episode scores in [0, 1] (DESIGN §3). Regret of one evaluation is
+max(0, mean(hinted) - mean(unhinted)) (DESIGN §6); its exponential moving average ranks an
+environment for replay. Learnability is p(1 - p) with p the unhinted success rate, estimated by
+the mean unhinted score over all episodes so far (the solve rate when scores are 0/1).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, replace
+from datetime import datetime
+from typing import Any, Literal
+
+Status = Literal["accepted", "rejected"]
+STATUSES: tuple[Status, ...] = ("accepted", "rejected")
+
+
+@dataclass(frozen=True)
+class NewEnv:
+    """An environment to store. `rejected_reason` set: it failed validation and is stored as
+    rejected with that reason. Otherwise it is accepted unless the novelty filter finds an
+    accepted near-copy (skipped when `check_novelty` is False, e.g. for bulk imports)."""
+
+    code: str
+    name: str
+    description: str
+    source_doc_id: str = ""
+    source_excerpt: str = ""
+    policy_version: int | None = None
+    tags: tuple[str, ...] = ()
+    rejected_reason: str | None = None
+    check_novelty: bool = True
+
+
+@dataclass(frozen=True)
+class InsertResult:
+    id: str
+    status: Status
+    reason: str = ""
+    neighbour_id: str | None = None    # nearest accepted environment, when one was compared
+    similarity: float | None = None    # its cosine similarity
+    existed: bool = False              # the same code was already stored (nothing was written)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class EnvStats:
+    id: str
+    episodes_hinted: int = 0
+    episodes_unhinted: int = 0
+    mean_hinted: float | None = None
+    mean_unhinted: float | None = None
+    regret_last: float | None = None
+    regret_ema: float | None = None
+    learnability: float | None = None
+    times_replayed: int = 0
+    last_played: datetime | None = None
+    last_tick: int | None = None
+    updated_at: datetime | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        for key in ("last_played", "updated_at"):
+            d[key] = None if d[key] is None else d[key].isoformat()
+        return d
+
+
+@dataclass(frozen=True)
+class EnvRecord:
+    id: str
+    name: str
+    description: str
+    status: Status
+    reason: str
+    source_doc_id: str
+    source_excerpt: str
+    created_at: datetime
+    policy_version: int | None
+    tags: tuple[str, ...]
+    stats: EnvStats
+    code: str | None = None  # only when asked for
+
+    def as_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["created_at"] = self.created_at.isoformat()
+        d["tags"] = list(self.tags)
+        d["stats"] = self.stats.as_dict()
+        if self.code is None:
+            d.pop("code")
+        return d
+
+
+@dataclass(frozen=True)
+class Hit:
+    """One search result: the record and its cosine similarity to the query."""
+
+    record: EnvRecord
+    similarity: float
+    rank: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"rank": self.rank, "similarity": round(self.similarity, 4), **self.record.as_dict()}
+
+
+@dataclass(frozen=True)
+class Episodes:
+    """Scores of one environment's evaluation (K hinted and K unhinted episodes)."""
+
+    hinted: tuple[float, ...] = ()
+    unhinted: tuple[float, ...] = ()
+
+    def __post_init__(self) -> None:
+        for s in (*self.hinted, *self.unhinted):
+            if not (isinstance(s, int | float) and math.isfinite(s) and 0.0 <= s <= 1.0):
+                raise ValueError(f"episode score {s!r} is not in [0, 1]")
+        if not self.hinted and not self.unhinted:
+            raise ValueError("no episodes to record")
+
+
+def _mean(xs: Sequence[float]) -> float:
+    return sum(xs) / len(xs)
+
+
+def _running_mean(old: float | None, n_old: int, new: Sequence[float]) -> float | None:
+    if not new:
+        return old
+    total = (old or 0.0) * n_old + sum(new)
+    return total / (n_old + len(new))
+
+
+def update_stats(prev: EnvStats, ep: Episodes, *, alpha: float, now: datetime) -> EnvStats:
+    """The stats after one more evaluation of the environment."""
+    regret = ema = prev.regret_ema
+    last = prev.regret_last
+    if ep.hinted and ep.unhinted:
+        last = max(0.0, _mean(ep.hinted) - _mean(ep.unhinted))
+        ema = last if regret is None else alpha * last + (1.0 - alpha) * regret
+    mean_u = _running_mean(prev.mean_unhinted, prev.episodes_unhinted, ep.unhinted)
+    return replace(
+        prev,
+        episodes_hinted=prev.episodes_hinted + len(ep.hinted),
+        episodes_unhinted=prev.episodes_unhinted + len(ep.unhinted),
+        mean_hinted=_running_mean(prev.mean_hinted, prev.episodes_hinted, ep.hinted),
+        mean_unhinted=mean_u,
+        regret_last=last,
+        regret_ema=ema,
+        learnability=None if mean_u is None else mean_u * (1.0 - mean_u),
+        last_played=now,
+        updated_at=now,
+    )
+
+
+@dataclass
+class Summary:
+    """What `spade memory stats` shows (filled by the store)."""
+
+    counts: dict[str, int] = field(default_factory=dict)
+    reasons: dict[str, int] = field(default_factory=dict)
+    played: int = 0
+    regret: dict[str, Any] = field(default_factory=dict)
+    solve_rate: dict[str, Any] = field(default_factory=dict)
+    diversity: dict[str, Any] = field(default_factory=dict)
+    replay: dict[str, Any] = field(default_factory=dict)
+    storage: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
