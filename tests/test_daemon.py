@@ -5,7 +5,6 @@ unhinted; regret, advantages and the batch contents equal values computed by han
 from __future__ import annotations
 
 import json
-import re
 
 import anyio
 import pytest
@@ -27,53 +26,7 @@ from spade_async.sandbox.runtime import Sandbox
 from spade_async.spool import FileSpool
 from spade_async.testing.fake_openai import FakeOpenAIServer
 from spade_async.testing.memory import DictMemory
-
-ENV_CODE = '''import random
-
-
-class Environment:
-    name = "countdown"
-    description = "Reply with the number you are shown, each turn."
-    max_turns = 3
-
-    def reset(self, seed):
-        self.n = random.Random(seed).randint(5, 9)
-        self.good = 0
-        self.turn = 0
-        return f"say {self.n}", {}
-
-    def step(self, action):
-        self.turn += 1
-        self.good += action.strip() == str(self.n)
-        self.n -= 1
-        done = self.turn == 3
-        reward = 1.0 if done and self.good == 3 else 0.0
-        return ("done" if done else f"say {self.n}"), reward, done, False, {}
-
-    def hint(self):
-        return "repeat the number"
-
-    def solution(self):
-        return [str(self.n - i) for i in range(3)]
-'''
-
-
-class Script:
-    """Designer: first reply is the environment, second is unusable. Agent: correct answers
-    only when the privileged hint is in its prompt."""
-
-    def __init__(self, chat: ChatTokens) -> None:
-        self.chat, self.designs = chat, 0
-
-    def __call__(self, prompt_ids: list[int]) -> list[int]:
-        text = self.chat.tok.decode(prompt_ids)
-        if "Environment Designer" in text:
-            self.designs += 1
-            reply = f"```python\n{ENV_CODE}```" if self.designs == 1 else "I can't write that."
-        else:
-            number = re.findall(r"say (\d+)", text)[-1]
-            reply = number if "Privileged hint" in text else "0"
-        return self.chat.encode(reply) + [self.chat.tok.eos_token_id]
+from spade_async.testing.scripted import ENV_CODE, Script
 
 
 @pytest.fixture
