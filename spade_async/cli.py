@@ -444,3 +444,7 @@ def run(
     except SpoolError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
+
+
+if __name__ == "__main__":
+    app()

@@ -13,6 +13,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from memory_db.config import MemoryConfig
 from spade_async.corpus import CorpusConfig
 
 
@@ -180,6 +181,7 @@ class SpadeConfig(_Strict):
     regret: RegretConfig = Field(default_factory=RegretConfig)
     daemon: DaemonConfig = Field(default_factory=DaemonConfig)
     corpus: CorpusConfig = Field(default_factory=CorpusConfig)
+    memory: MemoryConfig = Field(default_factory=MemoryConfig)
 
 
 ENV_PREFIX = "SPADE__"

@@ -17,6 +17,7 @@ import json
 import math
 import os
 import re
+import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
@@ -343,6 +344,7 @@ class FileSpool(BatchSpool):
         self._lock_fd: int | None = None
         self._last_seq = 0
         self._gap_logged: int | None = None
+        self._write_lock = threading.Lock()  # callers write from worker threads
         if writer:
             self._lock_fd = self._acquire_lock()
             try:
@@ -385,6 +387,10 @@ class FileSpool(BatchSpool):
         )
 
     def write(self, samples: Iterable[Sample]) -> int:
+        with self._write_lock:
+            return self._write(samples)
+
+    def _write(self, samples: Iterable[Sample]) -> int:
         if self._lock_fd is None:
             raise SpoolError(f"spool {self.dir} was opened for reading; use writer=True to write")
         seq = self._last_seq + 1

@@ -1,0 +1,82 @@
+"""The daemon's view of the environment memory (`daemon.MemoryPort`) on `memory_db.EnvMemory`.
+
+Maps a design's outcome to the memory's records: accepted (novel and valid), rejected with the
+validator's reason (invalid), or rejected as a near-copy of an accepted one (duplicate, the
+neighbour's id in the reason). A reply with no code at all is not an environment and is not
+stored; the daemon counts it.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from memory_db.config import MemoryConfig
+from memory_db.records import NewEnv
+from memory_db.store import EnvMemory
+from memory_db.store import open_memory as _open_memory
+from spade_async.config import SpadeConfig
+from spade_async.daemon import StoredEnv
+from spade_async.envs.validate import ValidationReport
+from spade_async.regret import DesignStatus, EnvRegret
+
+_NAME = re.compile(r"""^\s*name\s*(?::\s*str\s*)?=\s*["']([^"']{1,80})["']""", re.M)
+_DESC = re.compile(r"""^\s*description\s*(?::\s*str\s*)?=\s*["']([^"']{1,400})""", re.M)
+
+
+def memory_config(cfg: SpadeConfig) -> tuple[MemoryConfig, str]:
+    mcfg: MemoryConfig = getattr(cfg, "memory", None) or MemoryConfig()
+    return mcfg, mcfg.uri or str(cfg.paths.data_dir / "memory")
+
+
+class LanceMemoryPort:
+    def __init__(self, mem: EnvMemory, seed: int = 0) -> None:
+        self.mem = mem
+        self.rng = random.Random(seed)
+
+    async def examples(self, query: str, k: int) -> list[str]:
+        hits = await self.mem.search(query, k=k, diverse=True, code=True)
+        return [h.record.code for h in hits if h.record.code]
+
+    async def add_design(self, code: str | None, report: ValidationReport | None, *,
+                         doc_id: str, chunk_id: str, excerpt: str, policy_version: int,
+                         ) -> tuple[DesignStatus, str | None, str]:
+        if code is None or report is None:
+            return DesignStatus.INVALID, None, "no_code: the reply holds no Environment class"
+        if report.meta is not None:
+            name, desc = report.meta.name, report.meta.description
+        else:
+            m, d = _NAME.search(code), _DESC.search(code)
+            name, desc = (m.group(1) if m else "unnamed"), (d.group(1) if d else "")
+        res = await self.mem.insert(NewEnv(
+            code=code, name=name, description=desc, source_doc_id=doc_id,
+            source_excerpt=excerpt[:1000], policy_version=policy_version, tags=(chunk_id,),
+            rejected_reason=None if report.accepted else report.reason,
+        ))
+        if res.status == "accepted" and not res.existed:
+            return DesignStatus.ACCEPTED, res.id, ""
+        if res.existed and res.status == "accepted":
+            return DesignStatus.DUPLICATE, None, f"duplicate: the same code as {res.id}"
+        if res.reason.startswith("duplicate"):
+            return DesignStatus.DUPLICATE, None, res.reason
+        return DesignStatus.INVALID, None, res.reason
+
+    async def record_play(self, env_id: str, unhinted: list[float], hinted: list[float],
+                          regret: EnvRegret, replayed: bool) -> None:
+        await self.mem.record_episodes(env_id, hinted=hinted, unhinted=unhinted)
+
+    async def sample_replay(self) -> StoredEnv | None:
+        drawn = await self.mem.sample_replay(self.rng)
+        if drawn is None:
+            return None
+        rec = await self.mem.get(drawn[0], code=True)
+        return StoredEnv(rec.id, rec.code or "", rec.name)
+
+
+@asynccontextmanager
+async def open_memory(cfg: SpadeConfig) -> AsyncIterator[LanceMemoryPort]:
+    mcfg, uri = memory_config(cfg)
+    async with _open_memory(mcfg, uri, writable=True) as mem:
+        yield LanceMemoryPort(mem, seed=cfg.corpus.seed)
