@@ -55,8 +55,10 @@ class IndexConfig(_Strict):
                                        "LanceDB's choice for the row count")
     num_sub_vectors: int | None = Field(None, ge=1, description="PQ sub-vectors; default dim / 8")
     nprobes: int = Field(32, ge=1, description="IVF partitions searched per query")
-    refine_factor: int = Field(10, ge=1, description="re-rank this many times k candidates "
-                               "with exact distances")
+    refine_candidates: int = Field(100, ge=1, description="PQ candidates re-ranked with exact "
+                                   "distances per query: refine_factor = ceil(this / limit), so "
+                                   "a top-1 novelty check and a top-50 MMR fetch are both exact "
+                                   "enough without re-reading 500 vectors")
     build_timeout_s: float = Field(1800.0, gt=0, description="deadline of one index training")
 
 

@@ -40,7 +40,7 @@ from memory_db.records import (
 )
 from memory_db.replay import pool_distribution, replay_pool
 from memory_db.schema import Tables, open_tables, read_meta, sql_str
-from memory_db.writer import InsertPayload, MemoryClosed, Writer, stats_from_row
+from memory_db.writer import InsertPayload, MemoryClosed, Writer, refine_factor, stats_from_row
 
 RECORD_COLUMNS = ["id", "name", "description", "status", "reason", "source_doc_id",
                   "source_excerpt", "created_at", "policy_version", "tags"]
@@ -219,7 +219,7 @@ class EnvMemory:
                                   else [*columns, "_distance"]))
         q = (self.tables.envs.vector_search(np.asarray(vector, dtype=np.float32))
              .distance_type("cosine").limit(limit).nprobes(self.cfg.index.nprobes)
-             .refine_factor(self.cfg.index.refine_factor).select(cols))
+             .refine_factor(refine_factor(self.cfg, limit)).select(cols))
         if where:
             q = q.where(where)
         with anyio.fail_after(self.cfg.db_timeout_s):

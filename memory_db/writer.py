@@ -66,6 +66,10 @@ class InsertPayload:
     vector: np.ndarray
 
 
+def refine_factor(cfg: MemoryConfig, limit: int) -> int:
+    return max(1, -(-cfg.index.refine_candidates // max(1, limit)))
+
+
 def stats_from_row(row: dict[str, Any]) -> EnvStats:
     return EnvStats(**{k: row[k] for k in STATS_SCHEMA.names})
 
@@ -257,7 +261,7 @@ class Writer:
             return out
         q = (self.t.envs.query().nearest_to([v.tolist() for v in vectors]).distance_type("cosine")
              .where("status = 'accepted'").limit(1).select(["id", "_distance"])
-             .nprobes(self.cfg.index.nprobes).refine_factor(self.cfg.index.refine_factor))
+             .nprobes(self.cfg.index.nprobes).refine_factor(refine_factor(self.cfg, 1)))
         with anyio.fail_after(self.cfg.db_timeout_s):
             res = await q.to_arrow()
         qi = (res["query_index"].to_pylist() if "query_index" in res.column_names
