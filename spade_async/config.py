@@ -144,6 +144,9 @@ class RegretConfig(_Strict):
     invalid_penalty: float = Field(-1.0, le=0, description="designer reward of a design that "
                                    "fails validation or yields no code")
     duplicate_penalty: float = Field(-0.5, le=0, description="designer reward of a near-duplicate")
+    invalid_partial_credit: bool = Field(False, description="scale the invalid penalty by the "
+                                         "share of validation checks that failed, so a weak "
+                                         "designer still sees a gradient toward valid code")
     train_on_hinted: bool = Field(False, description="also train the agent on hinted episodes")
     advantage_eps: float = Field(1e-6, gt=0, description="added to the std when normalising")
 

@@ -109,6 +109,7 @@ class DocGroup:
     status: dict[str, DesignStatus] = field(default_factory=dict)
     env_of: dict[str, str] = field(default_factory=dict)
     regrets: dict[str, EnvRegret] = field(default_factory=dict)
+    checks_passed: dict[str, float] = field(default_factory=dict)
     agent_samples: list[Sample] = field(default_factory=list)
     pending: int = 0
     done: anyio.Event = field(default_factory=anyio.Event)
@@ -237,6 +238,9 @@ class Daemon:
         )
         group.designs.append(d)
         group.status[d.design_id] = status
+        if report is not None:
+            group.checks_passed[d.design_id] = (
+                sum(c.passed is True for c in report.checks) / len(report.checks))
         self.counters[f"designs_{status.value}"] += 1
         self.metrics.designs.labels(status.value).inc()
         self.metrics.tokens.labels("designer").inc(len(d.token_ids) - d.prompt_len)
@@ -346,7 +350,7 @@ class Daemon:
         for d in group.designs:
             st = group.status[d.design_id]
             rewards.append(design_reward(st, group.regrets.get(group.env_of.get(d.design_id, "")),
-                                         self.cfg.regret))
+                                         self.cfg.regret, group.checks_passed.get(d.design_id, 0)))
         samples = list(group.agent_samples)
         adv = group_advantages(rewards, self.cfg.regret.advantage_eps)
         if adv is None:

@@ -51,8 +51,12 @@ def env_regret(unhinted: list[float], hinted: list[float], cfg: RegretConfig) ->
                      solved * (1.0 - solved))
 
 
-def design_reward(status: DesignStatus, regret: EnvRegret | None, cfg: RegretConfig) -> float:
+def design_reward(status: DesignStatus, regret: EnvRegret | None, cfg: RegretConfig,
+                  checks_passed: float = 0.0) -> float:
+    """`checks_passed`: share of validation checks an invalid design passed (0 without code)."""
     if status is DesignStatus.INVALID:
+        if cfg.invalid_partial_credit:
+            return cfg.invalid_penalty * (1.0 - checks_passed)
         return cfg.invalid_penalty
     if status is DesignStatus.DUPLICATE:
         return cfg.duplicate_penalty

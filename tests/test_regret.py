@@ -40,3 +40,10 @@ def test_group_advantages_normalise_and_drop_zero_variance():
     adv = group_advantages([0.5, -1.0, -0.5], 1e-6)  # G designs of one document
     mean, std = -1 / 3, math.sqrt(((0.5 + 1 / 3) ** 2 + (-1 + 1 / 3) ** 2 + (-0.5 + 1 / 3) ** 2) / 3)
     assert adv == pytest.approx([(x - mean) / std for x in (0.5, -1.0, -0.5)], rel=1e-5)
+
+
+def test_partial_credit_scales_the_invalid_penalty():
+    cfg = CFG.model_copy(update={"invalid_partial_credit": True})
+    assert design_reward(DesignStatus.INVALID, None, cfg, checks_passed=0.75) == -0.25
+    assert design_reward(DesignStatus.INVALID, None, cfg) == -1.0
+    assert design_reward(DesignStatus.INVALID, None, CFG, checks_passed=0.75) == -1.0
