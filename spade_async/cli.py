@@ -25,6 +25,16 @@ app.add_typer(model_app, name="model")
 app.add_typer(env_app, name="env")
 app.add_typer(bench_app, name="bench")
 
+
+def _register_memory() -> None:
+    from spade_async.cli_memory import bench_memory, memory_app
+
+    app.add_typer(memory_app, name="memory")
+    bench_app.command("memory")(bench_memory)
+
+
+_register_memory()
+
 DEFAULT_CONFIG = Path("configs/embedded.toml")
 ConfigOpt = typer.Option(DEFAULT_CONFIG, "--config", "-c", help="TOML config file")
 JsonOpt = typer.Option(False, "--json", help="machine-readable output")
