@@ -157,6 +157,24 @@ def _read_env_file(path: Path) -> str:
         raise typer.Exit(2) from None
 
 
+def _stored_env_code(cfg: SpadeConfig, env_id: str) -> str:
+    from memory_db.store import open_memory
+    from spade_async.memory_port import memory_config
+
+    mcfg, uri = memory_config(cfg)
+
+    async def get() -> str:
+        async with open_memory(mcfg, uri, writable=False) as mem:
+            rec = await mem.get(env_id, code=True)
+            return rec.code or ""
+
+    try:
+        return anyio.run(get)
+    except (KeyError, LookupError, ValueError) as exc:
+        typer.echo(f"error: no environment '{env_id}' in the memory at {uri}: {exc}", err=True)
+        raise typer.Exit(2) from None
+
+
 def _sandbox_error(exc: Exception) -> None:
     typer.echo(f"error: {exc}", err=True)
     raise typer.Exit(2) from None
@@ -207,7 +225,8 @@ def env_validate(
 
 @env_app.command("play")
 def env_play(
-    file: Path = typer.Argument(..., help="environment module (.py)"),
+    file: str = typer.Argument(..., help="environment module (.py), or the id (or id prefix) "
+                               "of an environment in the memory"),
     seed: int = typer.Option(0, "--seed", help="episode seed"),
     hint: bool = typer.Option(False, "--hint", help="show the privileged hint first"),
     config: Path = ConfigOpt,
@@ -219,7 +238,8 @@ def env_play(
     from spade_async.sandbox.runtime import SandboxError, open_env
 
     cfg = _config(config)
-    code = _read_env_file(file)
+    code = _read_env_file(Path(file)) if Path(file).exists() or file.endswith(".py") else \
+        _stored_env_code(cfg, file)
 
     def to_action(line: str, tool_names: set[str]) -> str:
         head, _, rest = line.strip().partition(" ")

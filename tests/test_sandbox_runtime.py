@@ -108,3 +108,27 @@ def test_env_play_reads_actions_and_shows_rewards(tmp_path):
     out = res.stdout
     assert "[hint] add 1 three times" in out and "counter at 1" in out and "counter at 3" in out
     assert "reward 1" in out and out.rstrip().endswith("score 1")
+
+
+def test_env_play_a_stored_environment_by_id(tmp_path):
+    import anyio as _anyio
+
+    from memory_db.config import MemoryConfig
+    from memory_db.records import NewEnv
+    from memory_db.store import open_memory
+
+    uri = tmp_path / "data" / "memory"
+
+    async def add() -> str:
+        async with open_memory(MemoryConfig(embedding_model="hash-384"), str(uri)) as mem:
+            return (await mem.insert(NewEnv(TOOL_ENV, "counter", "count"))).id
+
+    env_id = _anyio.run(add)
+    cfg = tmp_path / "cfg.toml"
+    cfg.write_text(f'[paths]\ndata_dir = "{tmp_path / "data"}"\n[memory]\nembedding_model = "hash-384"\n')
+    typed = 'add {"n": 3}\nsubmit\n'
+    res = CliRunner().invoke(app, ["env", "play", env_id[:8], "-c", str(cfg)], input=typed)
+    assert res.exit_code == 0, res.output
+    assert "== counter" in res.stdout and res.stdout.rstrip().endswith("score 1")
+    res = CliRunner().invoke(app, ["env", "play", "ffffffff", "-c", str(cfg)])
+    assert res.exit_code == 2 and "no environment 'ffffffff'" in res.output
