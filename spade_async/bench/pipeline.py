@@ -50,7 +50,7 @@ async def _daemon_path(base_url: str, chat: ChatTokens, concurrency: int, episod
     ep_cfg = EndpointConfig(name="bench", base_url=base_url, max_concurrency=concurrency,
                             request_timeout_s=600)
     sampled = 0
-    prompts: list[int] = []
+    prompts: list[list[int]] = []
     done = 0
 
     async with EndpointPool([ep_cfg], PoolConfig()) as pool, Sandbox(
@@ -60,7 +60,7 @@ async def _daemon_path(base_url: str, chat: ChatTokens, concurrency: int, episod
         orig = pool.complete
 
         async def complete(prompt_ids, **kw):
-            prompts.append(len(prompt_ids))
+            prompts.append(list(prompt_ids))
             return await orig(prompt_ids, **kw, extra=extra)
 
         pool.complete = complete  # type: ignore[method-assign]
@@ -84,20 +84,20 @@ async def _daemon_path(base_url: str, chat: ChatTokens, concurrency: int, episod
         seconds = time.perf_counter() - t0
     return {"tokens": sampled, "seconds": round(seconds, 3),
             "tokens_per_s": round(sampled / seconds, 1), "requests": len(prompts),
-            "prompt_lens": prompts}
+            "prompts": prompts}
 
 
-async def _bare_path(base_url: str, concurrency: int, prompt_lens: list[int], tokens: int,
+async def _bare_path(base_url: str, concurrency: int, prompts: list[list[int]], tokens: int,
                      extra: dict) -> dict[str, Any]:
-    queue = list(prompt_lens)
+    """The very same token-id prompts the daemon path sent, replayed by plain loops."""
+    queue = list(reversed(prompts))
     got = 0
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     async with httpx.AsyncClient(base_url=base_url, timeout=600, limits=limits) as client:
         async def worker() -> None:
             nonlocal got
             while queue:
-                n = queue.pop()
-                body = {"model": "policy", "prompt": [100 + (i % 5000) for i in range(n)],
+                body = {"model": "policy", "prompt": queue.pop(),
                         "max_tokens": tokens, "temperature": 1.0, "logprobs": 0,
                         "return_token_ids": True, **extra}
                 r = await client.post("/v1/completions", json=body)
@@ -112,12 +112,31 @@ async def _bare_path(base_url: str, concurrency: int, prompt_lens: list[int], to
     return {"tokens": got, "seconds": round(seconds, 3), "tokens_per_s": round(got / seconds, 1)}
 
 
+async def _reset_prefix_cache(base_url: str) -> None:
+    async with httpx.AsyncClient(base_url=base_url, timeout=30) as client:
+        (await client.post("/reset_prefix_cache")).raise_for_status()
+
+
+def _cpu_s() -> float:
+    """CPU seconds of this process and its reaped children (the sandbox workers)."""
+    import resource
+
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
 async def _compare(label: str, base_url: str, chat: ChatTokens, concurrency: int, episodes: int,
                    tokens: int, extra: dict, progress: Callable[[str], None]) -> dict[str, Any]:
     progress(f"{label}: daemon path, {episodes} episodes x 4 turns at concurrency {concurrency}")
+    await _reset_prefix_cache(base_url)  # neither path starts from the other's cache
+    c0 = _cpu_s()
     d = await _daemon_path(base_url, chat, concurrency, episodes, tokens, extra)
+    d["client_cpu_s"] = round(_cpu_s() - c0, 2)
     progress(f"{label}: bare client, the same {d['requests']} requests")
-    b = await _bare_path(base_url, concurrency, d.pop("prompt_lens"), tokens, extra)
+    await _reset_prefix_cache(base_url)
+    c0 = _cpu_s()
+    b = await _bare_path(base_url, concurrency, d.pop("prompts"), tokens, extra)
+    b["client_cpu_s"] = round(_cpu_s() - c0, 2)
     return {"daemon": d, "bare": b, "ratio": round(d["tokens_per_s"] / b["tokens_per_s"], 3)}
 
 
