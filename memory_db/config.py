@@ -51,10 +51,11 @@ class IndexConfig(_Strict):
                                   "since the last training")
     rebuild_interval_s: float = Field(6 * 3600.0, gt=0, description="retrain at least this often "
                                       "while rows keep arriving")
-    num_partitions: int | None = Field(None, ge=1, description="IVF partitions; default: "
-                                       "LanceDB's choice for the row count")
+    num_partitions: int | None = Field(None, ge=1, description="IVF partitions; default "
+                                       "sqrt(rows) at training time")
     num_sub_vectors: int | None = Field(None, ge=1, description="PQ sub-vectors; default dim / 8")
-    nprobes: int = Field(32, ge=1, description="IVF partitions searched per query")
+    nprobes: int = Field(32, ge=1, description="IVF partitions searched per query (about 10% "
+                         "of sqrt(rows) partitions at 100k rows)")
     refine_candidates: int = Field(100, ge=1, description="PQ candidates re-ranked with exact "
                                    "distances per query: refine_factor = ceil(this / limit), so "
                                    "a top-1 novelty check and a top-50 MMR fetch are both exact "

@@ -16,6 +16,7 @@ old versions, folding new rows into the ANN index) and index (re)training when t
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
@@ -26,7 +27,7 @@ import numpy as np
 import pyarrow as pa
 import structlog
 from anyio.abc import TaskStatus
-from lancedb.index import IvfPq
+from lancedb.index import Bitmap, IvfPq
 
 from memory_db.config import MemoryConfig
 from memory_db.records import EnvStats, InsertResult, NewEnv, update_stats
@@ -41,6 +42,7 @@ from memory_db.schema import (
 )
 
 log = structlog.get_logger(component="memory")
+NOVELTY_PROBE = 8  # nearest rows of any status looked at before a status-filtered search
 
 
 class MemoryClosed(RuntimeError):
@@ -106,7 +108,7 @@ class Writer:
                                                    rows["status"].to_pylist(),
                                                    rows["reason"].to_pylist(), strict=True)}
         self.stats = {r["id"]: stats_from_row(r) for r in stats.to_pylist()}
-        self.has_index = any(ix.columns == ["embedding"] for ix in indices)
+        self.has_index = any(ix.columns == ["embedding"] for ix in indices)  # status's rides along
         # a crash between the stats commit and the clock's leaves the clock behind: catch up
         ticks = [s.last_tick for s in self.stats.values() if s.last_tick is not None]
         self.clock = max(self.clock, max(ticks, default=-1) + 1)
@@ -125,8 +127,14 @@ class Writer:
             raise MemoryClosed("the memory writer is not running")
         ops = [Op(kind, p) for p in payloads]
         with anyio.fail_after(self.cfg.writer.write_timeout_s):
-            for op in ops:
-                await self._send.send(op)
+            try:
+                for op in ops:
+                    try:  # no checkpoint while there is room: one call's ops share a batch
+                        self._send.send_nowait(op)
+                    except anyio.WouldBlock:
+                        await self._send.send(op)  # the queue is full: back-pressure
+            except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+                raise MemoryClosed("the memory writer is not running") from None
             for op in ops:
                 await op.done.wait()
         for op in ops:
@@ -254,23 +262,45 @@ class Writer:
 
     # ---- stages --------------------------------------------------------------------------
 
+    async def _knn(self, vectors: list[np.ndarray], limit: int, where: str | None,
+                   columns: list[str]) -> pa.Table:
+        """One multi-vector search; rows carry `query_index` (added when it is missing)."""
+        q = (self.t.envs.query().nearest_to([v.tolist() for v in vectors]).distance_type("cosine")
+             .limit(limit).select([*columns, "_distance"]).nprobes(self.cfg.index.nprobes)
+             .refine_factor(refine_factor(self.cfg, limit)))
+        if where:
+            q = q.where(where)
+        with anyio.fail_after(self.cfg.db_timeout_s):
+            res = await q.to_arrow()
+        if "query_index" not in res.column_names:
+            res = res.append_column("query_index", pa.array([0] * res.num_rows, pa.int32()))
+        return res
+
     async def _nearest_accepted(self, vectors: list[np.ndarray]) -> list[tuple[str, float] | None]:
-        """Nearest accepted environment of each vector (id, cosine similarity), one query."""
+        """Nearest accepted environment of each vector: (id, cosine similarity) or None.
+
+        A `status = 'accepted'` prefilter costs a scan of the status column per query, so the
+        nearest NOVELTY_PROBE rows of any status are fetched first; the best accepted one among
+        them is the nearest accepted overall. Only vectors whose probe held none accepted (say,
+        a crowd of rejected near-copies) get the filtered search."""
         out: list[tuple[str, float] | None] = [None] * len(vectors)
         if not vectors or not any(s == "accepted" for s, _ in self.known.values()):
             return out
-        q = (self.t.envs.query().nearest_to([v.tolist() for v in vectors]).distance_type("cosine")
-             .where("status = 'accepted'").limit(1).select(["id", "_distance"])
-             .nprobes(self.cfg.index.nprobes).refine_factor(refine_factor(self.cfg, 1)))
-        with anyio.fail_after(self.cfg.db_timeout_s):
-            res = await q.to_arrow()
-        qi = (res["query_index"].to_pylist() if "query_index" in res.column_names
-              else [0] * res.num_rows)
-        for i, nid, dist in zip(qi, res["id"].to_pylist(), res["_distance"].to_pylist(),
-                                strict=True):
-            sim = 1.0 - float(dist)
-            if out[i] is None or sim > out[i][1]:
-                out[i] = (nid, sim)
+
+        def take(res: pa.Table, index_map: list[int]) -> None:
+            for qi, nid, status, dist in zip(res["query_index"].to_pylist(), res["id"].to_pylist(),
+                                             res["status"].to_pylist(),
+                                             res["_distance"].to_pylist(), strict=True):
+                i, sim = index_map[qi], 1.0 - float(dist)
+                if status == "accepted" and (out[i] is None or sim > out[i][1]):
+                    out[i] = (nid, sim)
+
+        take(await self._knn(vectors, NOVELTY_PROBE, None, ["id", "status"]),
+             list(range(len(vectors))))
+        missing = [i for i, o in enumerate(out) if o is None]
+        if missing:
+            take(await self._knn([vectors[i] for i in missing], 1, "status = 'accepted'",
+                                 ["id", "status"]), missing)
         return out
 
     async def _inserts(self, ops: list[Op], dirty: dict[str, EnvStats]) -> None:
@@ -412,17 +442,23 @@ class Writer:
         rows = len(self.known)
         icfg = self.cfg.index
         sub = icfg.num_sub_vectors or (self.dim // 8 if self.dim % 8 == 0 else 1)
-        config = IvfPq(distance_type="cosine", num_sub_vectors=sub,
-                       num_partitions=icfg.num_partitions)
+        # sqrt(rows) partitions, the usual IVF heuristic (what LanceDB documents as its default)
+        partitions = icfg.num_partitions or max(1, round(math.sqrt(rows)))
+        config = IvfPq(distance_type="cosine", num_sub_vectors=sub, num_partitions=partitions)
         t0 = time.perf_counter()
         with anyio.fail_after(icfg.build_timeout_s):
             await self.t.envs.create_index("embedding", config=config, replace=True)
+            # the status filter of searches and novelty checks: a bitmap, kept current by
+            # optimize() like the vector index
+            await self.t.envs.create_index("status", config=Bitmap(), replace=True)
         seconds = time.perf_counter() - t0
         self.has_index, self.index_rows, self.index_at = True, rows, time.time()
         with anyio.fail_after(self.cfg.db_timeout_s):
             await write_meta(self.t.meta, {"index_trained_rows": rows,
                                            "index_trained_at": self.index_at,
-                                           "index_type": "IVF_PQ", "index_sub_vectors": sub})
-        log.info("memory_index_trained", rows=rows, seconds=round(seconds, 2), sub_vectors=sub)
+                                           "index_type": "IVF_PQ", "index_sub_vectors": sub,
+                                           "index_partitions": partitions})
+        log.info("memory_index_trained", rows=rows, seconds=round(seconds, 2), sub_vectors=sub,
+                 partitions=partitions)
         return {"rows": rows, "seconds": round(seconds, 3), "type": "IVF_PQ", "sub_vectors": sub,
-                "partitions": icfg.num_partitions or "lancedb default"}
+                "partitions": partitions}

@@ -280,6 +280,8 @@ def memory_add(
         raise _fail(str(exc), 2) from None
     except SchemaError as exc:
         raise _fail(str(exc)) from None
+    except (OSError, ValueError, RuntimeError) as exc:  # LanceDB / object-store failures
+        raise _fail(f"{uri}: {exc}") from None
     out = [{"file": str(f), "validation": r.accepted, **res.as_dict()}
            for (f, _), r, res in zip(codes, reports, results, strict=True)]
     if as_json:
@@ -361,18 +363,21 @@ def bench_memory(
     typer.echo("\n".join([
         f"MMR top-{k} of fetch_k={fetch_k} over {rows} envs (dim {r['dim']}, lambda "
         f"{r['mmr_lambda']}):",
-        f"  LanceDB, {ix['type']} index:      median {a['median_ms']:8.2f} ms   "
+        f"  LanceDB, {ix['type']} index:          median {a['median_ms']:8.2f} ms   "
         f"p90 {a['p90_ms']:8.2f} ms",
-        f"  numpy brute force (in RAM):   median {b['median_ms']:8.2f} ms   "
+        f"  numpy brute force (in RAM):       median {b['median_ms']:8.2f} ms   "
         f"p90 {b['p90_ms']:8.2f} ms",
-        f"  LanceDB / numpy:              {r['ratio_lancedb_over_numpy']:.2f}x",
-        f"  LanceDB, no index (flat):     median {f['median_ms']:8.2f} ms",
+        f"  LanceDB / numpy:                  {r['ratio_lancedb_over_numpy']:.2f}x",
+        f"  LanceDB, index + status filter:   median "
+        f"{r['lancedb_ann_mmr_status_filter']['median_ms']:8.2f} ms",
+        f"  LanceDB, no index (flat scan):    median {f['median_ms']:8.2f} ms",
         f"recall@{k} of the ANN search vs exact: {r['recall_at_k']:.3f}   (MMR lists agree "
         f"{r['mmr_agreement']:.3f})",
         f"insert rate (bulk, novelty off): {ins['rows_per_s']:.0f} envs/s",
         f"insert rate (novelty filter on): {nov['rows_per_s']:.0f} envs/s "
         f"({nov['rejected_as_duplicates']} duplicates)",
-        f"index: trained in {ix['seconds']:.1f} s ({ix['sub_vectors']} PQ sub-vectors, "
+        f"index: trained in {ix['seconds']:.1f} s ({ix['partitions']} IVF partitions, "
+        f"{ix['sub_vectors']} PQ sub-vectors, "
         f"nprobes {ix['nprobes']}, exact re-rank of {ix['refine_candidates']} candidates); "
         f"{r['storage']['fragments']} fragments after optimize",
     ]))

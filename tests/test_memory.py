@@ -141,6 +141,18 @@ async def test_duplicates_within_one_batch_are_caught(tmp_path):
     assert c.existed and c.id == a.id
 
 
+async def test_novelty_finds_the_accepted_neighbour_behind_a_crowd_of_rejected_copies(tmp_path):
+    base = " ".join(f"word{i}" for i in range(150))
+    async with open_memory(hash_cfg(), str(tmp_path / "m")) as mem:
+        original = await mem.insert(env("a", base))
+        crowd = await mem.insert_many([env(f"r{i}", f"{base} extra bits tail{i}",
+                                           rejected_reason="types: bad reward")
+                                       for i in range(12)])
+        late = await mem.insert(env("late", f"{base} extra bits tail99"))
+    assert {c.status for c in crowd} == {"rejected"}
+    assert late.status == "rejected" and late.neighbour_id == original.id, late
+
+
 # ---- stats ------------------------------------------------------------------------------
 
 
@@ -296,7 +308,7 @@ async def test_index_is_trained_when_large_and_retrained_as_rows_grow(tmp_path):
         await mem.insert_many([env(i, t, check_novelty=False) for i, t in enumerate(texts[:300])])
         await barrier()
         indices = await mem.tables.envs.list_indices()
-        assert [ix.columns for ix in indices] == [["embedding"]]
+        assert sorted(ix.columns for ix in indices) == [["embedding"], ["status"]]
         assert (await read_meta(mem.tables.meta))["index_trained_rows"] == 300
         await mem.insert_many([env(i, t, check_novelty=False)
                                for i, t in enumerate(texts[300:500], 300)])
