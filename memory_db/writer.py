@@ -150,9 +150,9 @@ class Writer:
     # ---- the loop ------------------------------------------------------------------------
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        try:
-            task_status.started()
-            async with self._recv:
+        async with self._recv:
+            try:
+                task_status.started()
                 while True:
                     batch = await self._collect()
                     if batch is None:
@@ -170,9 +170,19 @@ class Writer:
                         except Exception as exc:  # compaction can wait for the next period
                             self.next_optimize = time.monotonic() + self.cfg.optimize_every_s
                             log.error("memory_optimize_failed", error=repr(exc))
-        finally:
-            self._closed = True
-            self.finished.set()
+            finally:
+                self._closed = True
+                self._fail_queued()
+                self.finished.set()
+
+    def _fail_queued(self) -> None:
+        """Operations still queued when the writer stops fail now instead of at their deadline."""
+        while True:
+            try:
+                op = self._recv.receive_nowait()
+            except (anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
+                return
+            op.finish(error=MemoryClosed("the memory writer stopped before this was written"))
 
     async def _collect(self) -> list[Op] | None:
         """The next batch; [] when maintenance came due while idle; None at end of stream."""

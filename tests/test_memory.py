@@ -16,7 +16,14 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from memory_db import MemoryConfig, MiniLMEmbedder, NewEnv, SchemaError, open_memory
+from memory_db import (
+    MemoryClosed,
+    MemoryConfig,
+    MiniLMEmbedder,
+    NewEnv,
+    SchemaError,
+    open_memory,
+)
 from memory_db import schema as schema_mod
 from memory_db.embed import HashEmbedder, env_text
 from memory_db.mmr import mmr
@@ -367,3 +374,15 @@ def test_minilm_embeds_offline_like_sentence_transformers(minilm):
     assert v.shape == (3, 384) and v.dtype == np.float32
     assert np.allclose(np.linalg.norm(v, axis=1), 1.0, atol=1e-5)
     assert v[0] @ v[1] > v[0] @ v[2]
+
+
+async def test_writes_fail_fast_once_the_writer_is_gone_or_absent(tmp_path):
+    uri = str(tmp_path / "m")
+    async with open_memory(hash_cfg(), uri) as mem:
+        await mem.insert(env(1, "x"))
+    with pytest.raises(MemoryClosed, match="not running"):
+        await mem.insert(env(2, "y"))
+    async with open_memory(hash_cfg(), uri, writable=False) as reader:
+        with pytest.raises(MemoryClosed, match="read-only"):
+            await reader.record_episodes("0" * 16, unhinted=[1.0])
+        assert await reader.count() == 1
