@@ -363,7 +363,7 @@ def bench_memory(
     typer.echo("\n".join([
         f"MMR top-{k} of fetch_k={fetch_k} over {rows} envs (dim {r['dim']}, lambda "
         f"{r['mmr_lambda']}):",
-        f"  {'LanceDB, ' + ix['type'] + ' index:':32s}median {a['median_ms']:8.2f} ms   "
+        f"  {'LanceDB, ' + ix['type'] + ' index:':34s}median {a['median_ms']:8.2f} ms   "
         f"p90 {a['p90_ms']:8.2f} ms",
         f"  numpy brute force (in RAM):       median {b['median_ms']:8.2f} ms   "
         f"p90 {b['p90_ms']:8.2f} ms",
