@@ -13,11 +13,11 @@ import time
 from pathlib import Path
 
 import anyio
-import httpx
 import pytest
 
 from memory_db.config import MemoryConfig
 from memory_db.store import open_memory
+from spade_async.endpoints.launch import wait_healthy
 from spade_async.spool import FileSpool
 from spade_async.testing.fake_openai import _free_port
 
@@ -89,15 +89,7 @@ def scripted_endpoint(checkpoint):
     port = _free_port()
     proc = subprocess.Popen([sys.executable, "-m", "spade_async.testing.scripted", str(port),
                              str(checkpoint), "0.005"], cwd=REPO)
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        assert proc.poll() is None and time.monotonic() < deadline, "scripted endpoint died"
-        time.sleep(0.1)
+    wait_healthy(f"http://127.0.0.1:{port}", proc, 60, what="scripted endpoint")
     yield port
     proc.terminate()
     proc.wait(10)

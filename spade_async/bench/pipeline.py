@@ -147,6 +147,7 @@ def run_pipeline_bench(checkpoint: Path, *, concurrency: int = 8, episodes: int 
     import subprocess
     import sys
 
+    from spade_async.endpoints.launch import wait_healthy
     from spade_async.testing.fake_openai import _free_port
 
     chat = ChatTokens.from_pretrained(checkpoint)
@@ -158,16 +159,7 @@ def run_pipeline_bench(checkpoint: Path, *, concurrency: int = 8, episodes: int 
                              "--request-latency", "0.01"])
     try:
         url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline or fake.poll() is not None:
-                raise RuntimeError("the fake endpoint did not start")
-            time.sleep(0.05)
+        wait_healthy(url, fake, 30, what="the fake endpoint")
         report["fake"] = anyio.run(_compare, "fake", url, chat, concurrency, episodes, tokens,
                                    {}, progress)
         report["fake"]["token_latency_s"] = token_latency_s

@@ -20,6 +20,29 @@ class LaunchError(RuntimeError):
     """The server exited or did not become healthy; the message carries its log tail."""
 
 
+def wait_healthy(base_url: str, proc: subprocess.Popen, timeout_s: float,
+                 progress=None, what: str = "server") -> float:
+    """Poll `base_url`/health until 200; raise LaunchError if `proc` exits or time runs out.
+    Returns the seconds it took."""
+    t0 = time.perf_counter()
+    last_note = t0
+    while True:
+        if proc.poll() is not None:
+            raise LaunchError(f"{what} exited with {proc.returncode} while starting")
+        try:
+            if httpx.get(f"{base_url}/health", timeout=2).status_code == 200:
+                return time.perf_counter() - t0
+        except httpx.HTTPError:
+            pass
+        now = time.perf_counter()
+        if now - t0 > timeout_s:
+            raise LaunchError(f"{what} not healthy after {timeout_s:.0f}s")
+        if progress and now - last_note > 10:
+            progress(f"waiting for {what} at {base_url} ({now - t0:.0f}s)")
+            last_note = now
+        time.sleep(0.1)
+
+
 class InferenceProcess:
     def __init__(self, port: int, proc: subprocess.Popen, log: Path, started_s: float) -> None:
         self.port, self.proc, self.log, self.start_seconds = port, proc, log, started_s
@@ -62,22 +85,10 @@ def start_inference(
         proc = subprocess.Popen(["bash", str(INFERENCE_SCRIPT)], cwd=REPO, env=env,
                                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     server = InferenceProcess(port, proc, log, 0.0)
-    last_note = t0
-    while True:
-        if proc.poll() is not None:
-            raise LaunchError(f"vLLM exited with {proc.returncode} while starting:\n{server.tail()}")
-        try:
-            if httpx.get(f"{server.base_url}/health", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        now = time.perf_counter()
-        if now - t0 > timeout_s:
-            server.stop()
-            raise LaunchError(f"vLLM not healthy after {timeout_s:.0f}s:\n{server.tail()}")
-        if progress and now - last_note > 10:
-            progress(f"waiting for vLLM on port {port} ({now - t0:.0f}s)")
-            last_note = now
-        time.sleep(0.25)
+    try:
+        wait_healthy(server.base_url, proc, timeout_s, progress, what="vLLM")
+    except LaunchError as exc:
+        server.stop()
+        raise LaunchError(f"{exc}:\n{server.tail()}") from None
     server.start_seconds = time.perf_counter() - t0
     return server
