@@ -1,1 +1,13 @@
-"""Separate torch trainer process (issue 6). Never imports the daemon's internals."""
+"""The trainer: a separate torch process (torchrun; DDP or FSDP2; gloo on CPU, NCCL on GPU)
+that consumes regret batches from the spool exactly once, trains LoRA adapters or full weights
+with a clipped policy-gradient loss, checkpoints, and publishes versions into the inference
+servers (DESIGN §8).
+
+Modules: config (TrainerConfig), data (batch -> micro-batches), model (plain torch/peft model
+code and weight export), loss (the loss and its metrics), parallel (process group, DDP/FSDP2),
+checkpoint (DCP + trainer state, atomic), publish (endpoints + current.json), nccl_transfer
+(GPU data plane for vllm-nccl), loop (the training loop), launcher (the entry point).
+
+It imports only the batch schema (`spade_async.spool`), the weight-publishing contract
+(`spade_async.endpoints.swap` / `.pool`), the config and logging; never the daemon's internals.
+"""

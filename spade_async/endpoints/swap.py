@@ -6,6 +6,7 @@ they share its deadlines, retries and error messages:
   beyond `max_loaded_adapters` are unloaded once their in-flight requests have finished;
 - `vllm-reload`: pause (keeping in-flight requests), `reload_weights` from a safetensors directory
   through `/collective_rpc`, reset the prefix cache, record the version, resume;
+- `vllm-nccl`: vLLM's NCCL weight-transfer routes, the data plane attached by the trainer;
 - `none`: an external API that is never trained.
 This module never decides *when* to swap; the daemon's weight watcher does.
 """
@@ -16,8 +17,10 @@ import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol
 
 import anyio
+import httpx
 
 from spade_async.endpoints.pool import EndpointError, EndpointPool, EndpointRequestError
 from spade_async.logs import get_logger
@@ -157,7 +160,122 @@ def make_swapper(pool: EndpointPool, endpoint: str, served_name: str) -> WeightS
         return ReloadSwapper(pool, endpoint, served_name)
     if backend.type == "none":
         return NoSwapper(pool, endpoint, served_name)
-    raise SwapError(
-        f"{endpoint}: weight_swap type '{backend.type}' needs the trainer's NCCL group, "
-        "which this build does not have yet; use vllm-lora or vllm-reload"
-    )
+    if backend.type == "vllm-nccl":
+        # The data plane (the NCCL group holding the trainer's GPU weights) is attached by the
+        # trainer with `attach`; any other process gets a clear SwapError from `swap`.
+        return NcclSwapper(pool, endpoint, served_name, timeout_s=backend.timeout_s)
+    raise SwapError(f"{endpoint}: unknown weight_swap type '{backend.type}'")
+
+
+class WeightTransfer(Protocol):
+    """The trainer's side of vLLM's NCCL weight transfer (blocking calls, run in a thread).
+
+    `connect` joins the trainer <-> inference-workers group as rank 0 and returns only when
+    the workers have joined too (they do so inside `/init_weight_transfer_engine`); `send`
+    broadcasts every tensor `update_info` announced, in that order, and returns when the
+    workers have received them (inside `/update_weights`)."""
+
+    def rendezvous(self, inference_world_size: int) -> dict[str, Any]: ...
+    def connect(self) -> None: ...
+    def update_info(self) -> dict[str, Any]: ...
+    def send(self) -> None: ...
+    def close(self) -> None: ...
+
+
+class NcclSwapper(WeightSwapper):
+    """`vllm-nccl`: vLLM's weight-transfer routes (server started with
+    `--weight-transfer-config '{"backend": "nccl"}'` in dev mode).
+
+    Once: `GET /get_world_size`, then `/init_weight_transfer_engine` concurrently with the
+    trainer's rendezvous. Per version, inside `/pause?mode=keep` ... `/resume`:
+    `/start_weight_update`, `/update_weights` concurrently with the broadcast,
+    `/finish_weight_update` (which also records the version), `/reset_prefix_cache` (cached
+    KV blocks were computed by the old weights). A failure tears the group down on both sides;
+    the next swap sets it up again. `path` (the version saved on disk) is checked to exist but
+    not read: the weights travel over NCCL.
+    """
+
+    def __init__(self, pool: EndpointPool, endpoint: str, served_name: str,
+                 timeout_s: float = 120.0, transfer: WeightTransfer | None = None) -> None:
+        super().__init__(pool, endpoint, served_name)
+        self.timeout_s = timeout_s
+        self.transfer = transfer
+        self.connected = False
+
+    def attach(self, transfer: WeightTransfer) -> None:
+        self.transfer, self.connected = transfer, False
+
+    def model_name(self, version: int) -> str:
+        return self.served_name
+
+    async def _nccl_post(self, path: str, payload: dict) -> dict:
+        return (await self.pool.post(path, payload, endpoint=self.endpoint,
+                                     deadline_s=self.timeout_s))[1]
+
+    async def _world_size(self) -> int:
+        cfg = self.pool.config(self.endpoint)
+        headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else None
+        try:
+            with anyio.fail_after(min(self.timeout_s, cfg.request_timeout_s)):
+                async with httpx.AsyncClient(base_url=cfg.base_url.rstrip("/"), headers=headers,
+                                             timeout=cfg.request_timeout_s) as client:
+                    resp = await client.get("/get_world_size", params={"include_dp": "true"})
+        except (httpx.HTTPError, TimeoutError) as exc:
+            raise SwapError(f"{self.endpoint}: GET /get_world_size failed: "
+                            f"{type(exc).__name__}: {exc}") from None
+        if resp.status_code != 200:
+            raise SwapError(f"{self.endpoint}: GET /get_world_size answered HTTP "
+                            f"{resp.status_code}: {resp.text[:200]}")
+        return int(resp.json()["world_size"])
+
+    async def _blocking_with(self, call: str, payload: dict, work: Any) -> None:
+        """POST `call` while `work` runs in a thread: both sides meet inside one collective."""
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._nccl_post, call, payload)
+            with anyio.fail_after(self.timeout_s):
+                await anyio.to_thread.run_sync(work, abandon_on_cancel=True)
+
+    async def _connect(self) -> None:
+        assert self.transfer is not None
+        world = await self._world_size()
+        info = self.transfer.rendezvous(world)
+        await self._blocking_with("/init_weight_transfer_engine", {"init_info": info},
+                                  self.transfer.connect)
+        self.connected = True
+
+    async def _teardown(self) -> None:
+        """Shielded and time-bounded: runs on the way out of a failed or cancelled swap."""
+        was_connected, self.connected = self.connected, False
+        with anyio.move_on_after(min(30.0, self.timeout_s), shield=True):
+            if was_connected:
+                try:
+                    await self._nccl_post("/shutdown_weight_transfer_engine", {})
+                except EndpointError as exc:
+                    log.warning("nccl_shutdown_failed", endpoint=self.endpoint, error=str(exc))
+            if self.transfer is not None:
+                await anyio.to_thread.run_sync(self.transfer.close)
+
+    async def _swap(self, version: int, path: Path) -> None:
+        if self.transfer is None:
+            raise SwapError(f"{self.endpoint}: vllm-nccl needs the trainer's weight transfer "
+                            "(only the trainer process, which holds the weights on GPU, can "
+                            "publish through it)")
+        try:
+            if not self.connected:
+                await self._connect()
+            await self._post("/pause?mode=keep", {})
+            try:
+                await self._nccl_post("/start_weight_update", {})
+                await self._blocking_with("/update_weights",
+                                          {"update_info": self.transfer.update_info()},
+                                          self.transfer.send)
+                await self._nccl_post("/finish_weight_update", {"weight_version": str(version)})
+                await self._post("/reset_prefix_cache", {})
+            finally:
+                with anyio.move_on_after(30, shield=True):
+                    await self._post("/resume", {})
+        except BaseException:
+            # A half-done transfer leaves the group unusable on both sides; a thread still
+            # blocked in a collective is released by `close` (which aborts the communicator).
+            await self._teardown()
+            raise

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import anyio
 import uvicorn
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -50,6 +51,18 @@ class FakeState:
     decode: Callable[[list[int]], str] | None = None
     eos_token_id: int = 2
     completions: list[dict] = field(default_factory=list)  # every completions request body
+    # Every request as "METHOD /path[?query]", in arrival order (the NCCL sequence tests).
+    request_log: list[str] = field(default_factory=list)
+    # vLLM's NCCL weight-transfer routes (see `_nccl_routes`). The "wire" is shared memory: the
+    # trainer side under test appends (name, dtype, shape) tuples to `nccl_wire` as it
+    # broadcasts, and sets `nccl_joined` when it has joined the group.
+    nccl_world_size: int = 1
+    nccl_init: dict | None = None
+    nccl_joined: bool = False
+    nccl_wire: list[tuple[str, str, tuple[int, ...]]] = field(default_factory=list)
+    nccl_updating: bool = False
+    nccl_received: list[tuple[str, str, tuple[int, ...]]] = field(default_factory=list)
+    nccl_wait_s: float = 10.0  # how long a blocking route waits for the trainer side
 
 
 def _token_ids(seed: str, n: int) -> list[int]:
@@ -252,7 +265,9 @@ def build_app(state: FakeState) -> Starlette:
             Route("/pause", pause, methods=["POST"]),
             Route("/resume", resume, methods=["POST"]),
             Route("/health", ok, methods=["GET"]),
-        ]
+            *_nccl_routes(state),
+        ],
+        middleware=[Middleware(_RequestLog, state=state)],
     )
 
 
@@ -323,6 +338,7 @@ def main() -> None:
     state = FakeState(token_latency_s=args.token_latency, request_latency_s=args.request_latency,
                       eos_token_id=args.eos)
     state.completions = _Discard()  # a long benchmark must not keep every request body
+    state.request_log = _Discard()
     uvicorn.run(build_app(state), host="127.0.0.1", port=args.port, log_level="error",
                 lifespan="off", access_log=False)
 
@@ -330,6 +346,108 @@ def main() -> None:
 class _Discard(list):
     def append(self, item: object) -> None:
         pass
+
+
+class _RequestLog:
+    """ASGI middleware: appends "METHOD /path[?query]" of every HTTP request to the state."""
+
+    def __init__(self, app, state: FakeState) -> None:
+        self.app, self.state = app, state
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http":
+            query = scope.get("query_string", b"").decode()
+            self.state.request_log.append(
+                f"{scope['method']} {scope['path']}" + (f"?{query}" if query else ""))
+        await self.app(scope, receive, send)
+
+
+def _nccl_routes(state: FakeState) -> list[Route]:
+    """vLLM's weight-transfer routes (vllm/entrypoints/rl/online/api_router.py) with the
+    worker side's rules: init and update block until the trainer side meets them (as NCCL
+    collectives do), an update needs init and start, and what arrives must be what
+    `update_info` announced."""
+
+    def error(status: int, message: str) -> JSONResponse:
+        return JSONResponse({"error": {"message": message}}, status)
+
+    async def wait_for(predicate: Callable[[], bool]) -> bool:
+        deadline = time.monotonic() + state.nccl_wait_s
+        while not predicate():
+            if time.monotonic() > deadline:
+                return False
+            await anyio.sleep(0.005)
+        return True
+
+    async def world_size(request: Request) -> Response:
+        return JSONResponse({"world_size": state.nccl_world_size})
+
+    async def init(request: Request) -> Response:
+        info = (await request.json()).get("init_info")
+        if not isinstance(info, dict):
+            return error(422, "init_info must be an object")
+        missing = {"master_address", "master_port", "rank_offset", "world_size"} - set(info)
+        if missing:
+            return error(400, f"init_info lacks {sorted(missing)}")
+        if info["rank_offset"] != 1 or info["world_size"] != 1 + state.nccl_world_size:
+            return error(400, f"trainer at rank 0 and {state.nccl_world_size} worker(s) need "
+                         f"rank_offset 1 and world_size {1 + state.nccl_world_size}, got {info}")
+        if not await wait_for(lambda: state.nccl_joined):
+            return error(500, "the trainer never joined the NCCL group")
+        state.nccl_init = info
+        state.calls.append("init_weight_transfer_engine")
+        return JSONResponse({"message": "Weight transfer initialized"})
+
+    async def start(request: Request) -> Response:
+        if state.nccl_init is None:
+            return error(500, "NCCL weight transfer not initialized")
+        state.nccl_updating = True
+        state.calls.append("start_weight_update")
+        return JSONResponse({"message": "Weight update started"})
+
+    async def update(request: Request) -> Response:
+        info = (await request.json()).get("update_info") or {}
+        if state.nccl_init is None or not state.nccl_updating:
+            return error(500, "update_weights before init_weight_transfer_engine and "
+                         "start_weight_update")
+        names, dtypes, shapes = (info.get(k) for k in ("names", "dtype_names", "shapes"))
+        if not (isinstance(names, list) and isinstance(dtypes, list) and isinstance(shapes, list)
+                and len(names) == len(dtypes) == len(shapes)):
+            return error(500, "names, dtype_names and shapes must be lists of one length")
+        expected = [(n, d, tuple(sh)) for n, d, sh in zip(names, dtypes, shapes, strict=True)]
+        if not await wait_for(lambda: len(state.nccl_wire) >= len(expected)):
+            return error(500, f"received {len(state.nccl_wire)} of {len(expected)} tensors")
+        got, state.nccl_wire = state.nccl_wire[: len(expected)], state.nccl_wire[len(expected):]
+        if got != expected:
+            return error(500, f"broadcast does not match update_info: {got[:3]} vs "
+                         f"{expected[:3]}")
+        state.nccl_received = got
+        state.calls.append("update_weights")
+        return JSONResponse({"message": "Weights updated"})
+
+    async def finish(request: Request) -> Response:
+        body = await request.json() if (await request.body()) else {}
+        if not state.nccl_updating:
+            return error(500, "finish_weight_update without start_weight_update")
+        state.nccl_updating = False
+        if body.get("weight_version") is not None:
+            state.weight_version = str(body["weight_version"])
+        state.calls.append("finish_weight_update")
+        return JSONResponse({"message": "Weight update finished"})
+
+    async def shutdown(request: Request) -> Response:
+        state.nccl_init, state.nccl_joined, state.nccl_updating = None, False, False
+        state.calls.append("shutdown_weight_transfer_engine")
+        return JSONResponse({"message": "Weight transfer shut down"})
+
+    return [
+        Route("/get_world_size", world_size, methods=["GET"]),
+        Route("/init_weight_transfer_engine", init, methods=["POST"]),
+        Route("/start_weight_update", start, methods=["POST"]),
+        Route("/update_weights", update, methods=["POST"]),
+        Route("/finish_weight_update", finish, methods=["POST"]),
+        Route("/shutdown_weight_transfer_engine", shutdown, methods=["POST"]),
+    ]
 
 
 if __name__ == "__main__":

@@ -1,0 +1,131 @@
+"""The trainer's config: one frozen pydantic model, read from the main tree's `trainer:` section.
+
+Until the main config tree carries `trainer`, `trainer_config(cfg)` falls back to the defaults,
+and `python -m trainer --trainer-config FILE` reads this section from a TOML file of its own.
+Nothing here touches torch, the network or the disk.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class TrainerConfigError(ValueError):
+    """A trainer config that cannot be used; names the key."""
+
+
+class TrainerConfig(BaseModel):
+    """How the trainer learns from regret batches and when it publishes weights (DESIGN §8)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # -- what is trained ----------------------------------------------------------------------
+    mode: Literal["lora", "full"] = Field(
+        "lora", description="train a peft LoRA adapter (served by vllm-lora, or merged for "
+        "vllm-reload / vllm-nccl) or every weight (vllm-reload / vllm-nccl only)")
+    base_model: Path | None = Field(
+        None, description="HF checkpoint to start from; default: the prepared checkpoint "
+        "(data_dir/models/<model.checkpoint_name>)")
+    lora_rank: int = Field(16, ge=1, le=256, description="LoRA r (the vLLM server's "
+                           "--max-lora-rank must be >= this; 16 for the embedded server)")
+    lora_alpha: float = Field(32.0, gt=0, description="LoRA alpha; the update is scaled by "
+                              "alpha / r")
+    lora_dropout: float = Field(0.0, ge=0, lt=1, description="dropout on the LoRA input")
+    lora_targets: list[str] = Field(
+        ["q_proj", "k_proj", "v_proj", "o_proj"], min_length=1,
+        description="module names that get adapters (vLLM must support them for LoRA)")
+
+    # -- optimisation ---------------------------------------------------------------------------
+    lr: float = Field(1e-5, gt=0, description="AdamW learning rate after warm-up")
+    warmup_steps: int = Field(0, ge=0, description="linear LR warm-up from 0 over these steps")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW decoupled weight decay")
+    adam_betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas")
+    adam_eps: float = Field(1e-8, gt=0)
+    grad_clip: float = Field(1.0, ge=0, description="max global grad norm (0: no clipping)")
+    seed: int = Field(0, description="torch seed (LoRA init, dropout)")
+
+    # -- the loss -------------------------------------------------------------------------------
+    clip_eps_low: float = Field(0.2, ge=0, lt=1, description="importance ratio clipped below "
+                                "at 1 - clip_eps_low")
+    clip_eps_high: float = Field(0.28, ge=0, description="importance ratio clipped above at "
+                                 "1 + clip_eps_high (asymmetric, DAPO-style 'clip higher')")
+    kl_coef: float = Field(0.0, ge=0, description="weight of the k3 KL estimate to the base "
+                           "(reference) model; 0 skips the reference forward entirely")
+    agent_weight: float = Field(1.0, ge=0, description="loss weight of agent samples")
+    designer_weight: float = Field(1.0, ge=0, description="loss weight of designer samples")
+    max_staleness: int = Field(2, ge=0, description="samples drawn with a policy more than this "
+                               "many published versions old are dropped (keep it equal to "
+                               "daemon.max_staleness)")
+    logprob_temperature: float = Field(
+        1.0, gt=0, description="logits are divided by this before the log-softmax. vLLM's "
+        "default logprobs_mode=raw_logprobs reports log-probs of the unscaled (temperature 1) "
+        "distribution whatever the sampling temperature, so 1.0 matches it; set the sampling "
+        "temperature here only for a server started with --logprobs-mode processed_logprobs "
+        "and top_p = 1")
+
+    # -- batching -------------------------------------------------------------------------------
+    micro_batch_tokens: int = Field(4096, ge=16, description="padded tokens (rows x longest "
+                                    "row) per forward/backward; a longer sample runs alone")
+
+    # -- parallelism ----------------------------------------------------------------------------
+    backend: Literal["auto", "gloo", "nccl"] = Field(
+        "auto", description="torch.distributed backend; auto: nccl with CUDA, else gloo")
+    parallel: Literal["ddp", "fsdp2"] = Field("ddp", description="DDP replicas or FSDP2 "
+                                              "(fully_shard per decoder layer + root)")
+    autocast_bf16: bool = Field(False, description="bf16 compute with fp32 master weights "
+                                "(autocast for DDP, MixedPrecisionPolicy for FSDP2)")
+
+    # -- checkpoints and publishing ----------------------------------------------------------------
+    checkpoint_dir: Path | None = Field(None, description="checkpoints, metrics log; default "
+                                        "data_dir/trainer")
+    checkpoint_every_steps: int = Field(10, ge=1, description="optimizer steps between "
+                                        "checkpoints (publish steps always checkpoint too)")
+    keep_checkpoints: int = Field(2, ge=1, description="committed checkpoints kept on disk")
+    publish_every_steps: int = Field(1, ge=0, description="publish version N = step / this "
+                                     "every this many steps (0: never publish)")
+    keep_versions: int = Field(6, ge=1, description="published weight directories kept; vLLM "
+                               "re-reads an unloaded adapter's files for requests still using "
+                               "it, so keep more than the servers' max_loaded_adapters")
+    publish_timeout_s: float = Field(300.0, gt=0, description="deadline of one endpoint's "
+                                     "swap attempt (its HTTP calls have their own deadlines)")
+    publish_attempts: int = Field(3, ge=1, description="swap attempts per endpoint per publish")
+    publish_retry_s: float = Field(30.0, gt=0, description="wait before retrying a failed "
+                                   "publish; training goes on, current.json stays behind")
+
+    # -- the loop -------------------------------------------------------------------------------
+    poll_interval_s: float = Field(0.5, gt=0, description="spool poll period while idle")
+
+    @model_validator(mode="after")
+    def _checks(self) -> TrainerConfig:
+        if self.adam_betas[0] >= 1 or self.adam_betas[1] >= 1 or min(self.adam_betas) < 0:
+            raise ValueError(f"adam_betas must lie in [0, 1), got {self.adam_betas}")
+        return self
+
+
+def trainer_config(cfg: Any) -> TrainerConfig:
+    """The trainer section of the main config tree, or the defaults while it has none."""
+    return getattr(cfg, "trainer", None) or TrainerConfig()
+
+
+def load_trainer_config(path: str | Path) -> TrainerConfig:
+    """A TOML file holding a `[trainer]` table (or the trainer keys at top level)."""
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise TrainerConfigError(f"{path}: trainer config file not found") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise TrainerConfigError(f"{path}: not valid TOML: {exc}") from None
+    data = data.get("trainer", data)
+    try:
+        return TrainerConfig.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        key = ".".join(str(p) for p in err["loc"])
+        if err["type"] == "extra_forbidden":
+            raise TrainerConfigError(f"{path}: unknown key 'trainer.{key}'") from None
+        raise TrainerConfigError(f"{path}: bad value for 'trainer.{key}': {err['msg']}") from None

@@ -1,0 +1,396 @@
+"""The training loop: claim the next spool batch, take one optimizer step on it, checkpoint,
+publish. One readable loop; rank 0 decides what happens next and every rank follows.
+
+Per batch (all ranks read the same immutable batch file):
+  select (staleness, role weights) -> split across ranks -> micro-batches -> forward/backward
+  (gradient sync on the last micro-batch only) -> clip -> AdamW step -> lineage += seq
+Every `publish_every_steps` steps: export version N (collective gather, rank 0 writes
+`weights/vN` atomically) -> checkpoint (always on a publish step, so a committed checkpoint at
+step s implies version s / k is on disk) -> rank 0 pushes vN to every endpoint and writes
+`current.json`. A restart whose current.json is behind its checkpoint pushes that version again
+from disk, so a crash between the checkpoint and current.json loses no version either.
+The spool is acknowledged only after a checkpoint commits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+from spade_async.config import SpadeConfig, checkpoint_dir
+from spade_async.logs import get_logger
+from spade_async.spool import Batch, FileSpool, SpoolError
+from trainer.checkpoint import Checkpointer, TrainerState, fsync_dir
+from trainer.config import TrainerConfig
+from trainer.data import (
+    Selection,
+    TrainSample,
+    collate,
+    micro_batches,
+    select_samples,
+    split_across_ranks,
+)
+from trainer.loss import LossConfig, StepMetrics, policy_loss
+from trainer.model import (
+    adapter_state_dict,
+    checkpoint_dtype,
+    load_policy,
+    merged_state_dict,
+    save_full_weights,
+    ties_embeddings,
+)
+from trainer.parallel import (
+    Dist,
+    all_reduce_,
+    broadcast_int,
+    clip_grad_norm,
+    grad_sync,
+    inner,
+    wrap,
+)
+from trainer.publish import (
+    Publisher,
+    PublishError,
+    artifact_kind,
+    read_current,
+    version_dir,
+    weights_root,
+)
+
+log = get_logger("trainer")
+
+STOP, WAIT = -1, 0
+
+
+def trainer_root(cfg: SpadeConfig, tcfg: TrainerConfig) -> Path:
+    return tcfg.checkpoint_dir or cfg.paths.data_dir / "trainer"
+
+
+def base_model_dir(cfg: SpadeConfig, tcfg: TrainerConfig) -> Path:
+    return (tcfg.base_model or checkpoint_dir(cfg)).resolve()
+
+
+@dataclass(frozen=True)
+class StepResult:
+    metrics: dict[str, float]
+    samples: int
+    padded_tokens: int
+    micro_batches: int
+    grad_norm: float
+    lr: float
+    seconds: float
+
+
+class StepRunner:
+    """Model, optimizer and loss for one optimizer step on a list of samples (the loop and the
+    benchmark share it)."""
+
+    def __init__(self, tcfg: TrainerConfig, d: Dist, base_dir: Path) -> None:
+        self.tcfg, self.d, self.base_dir = tcfg, d, base_dir
+        torch.manual_seed(tcfg.seed)
+        kw: dict[str, Any] = {"mode": tcfg.mode, "lora_rank": tcfg.lora_rank,
+                              "lora_alpha": tcfg.lora_alpha, "lora_dropout": tcfg.lora_dropout,
+                              "lora_targets": tcfg.lora_targets,
+                              "temperature": tcfg.logprob_temperature}
+        policy = load_policy(base_dir, **kw).to(d.device)
+        self.model = wrap(policy, tcfg.parallel, d, bf16=tcfg.autocast_bf16)
+        self.lora = tcfg.mode == "lora"
+        # The KL reference: the adapter switched off (LoRA), or a frozen copy of the base.
+        self.ref = None
+        if tcfg.kl_coef > 0 and not self.lora:
+            ref = load_policy(base_dir, **{**kw, "mode": "full"}, trainable=False).to(d.device)
+            self.ref = wrap(ref, "fsdp2", d, bf16=tcfg.autocast_bf16) \
+                if tcfg.parallel == "fsdp2" else ref
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optim = torch.optim.AdamW(self.params, lr=tcfg.lr, betas=tcfg.adam_betas,
+                                       eps=tcfg.adam_eps, weight_decay=tcfg.weight_decay)
+        self.loss_cfg = LossConfig(tcfg.clip_eps_low, tcfg.clip_eps_high, tcfg.kl_coef)
+        self.role_weights = {"agent": tcfg.agent_weight, "designer": tcfg.designer_weight}
+
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        if self.tcfg.autocast_bf16 and self.tcfg.parallel == "ddp":
+            return torch.autocast(self.d.device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def lr_at(self, step: int) -> float:
+        warm = self.tcfg.warmup_steps
+        return self.tcfg.lr * (min(1.0, (step + 1) / warm) if warm else 1.0)
+
+    def step(self, samples: list[TrainSample], *, step_index: int) -> StepResult:
+        """One optimizer step on the whole (global) list; every rank passes the same list."""
+        t0 = time.perf_counter()
+        d = self.d
+        shares = split_across_ranks(samples, d.world_size)
+        plans = [micro_batches(share, self.tcfg.micro_batch_tokens) for share in shares]
+        mine = plans[d.rank]
+        # Same number of forwards on every rank (FSDP2 gathers in each); a rank short of work
+        # runs empty micro-batches that add nothing to the gradient.
+        n_micro = max(len(p) for p in plans)
+        normaliser = float(sum(s.trained_tokens for s in samples))
+        lr = self.lr_at(step_index)
+        for group in self.optim.param_groups:
+            group["lr"] = lr
+        self.optim.zero_grad(set_to_none=True)
+        metrics = StepMetrics()
+        padded = 0
+        for i in range(n_micro):
+            rows = mine[i] if i < len(mine) else []
+            mb = collate(rows).to(d.device)
+            padded += mb.padded_tokens if rows else 0
+            with grad_sync(self.model, enabled=i == n_micro - 1), self._autocast():
+                ref_lp = None
+                if self.loss_cfg.kl_coef > 0:
+                    with torch.no_grad():
+                        ref_model = self.ref if self.ref is not None else self.model
+                        ref_lp = ref_model(mb.input_ids, mb.target_mask,
+                                           **({} if self.ref is not None else
+                                              {"use_adapter": False}))[0]
+                logprobs, entropy = self.model(mb.input_ids, mb.target_mask)
+                loss, m = policy_loss(logprobs, mb.behaviour_logprobs, mb.advantages,
+                                      mb.weights, mb.staleness, entropy, ref_lp,
+                                      normaliser=normaliser, cfg=self.loss_cfg)
+                # DDP and FSDP2 average gradients over ranks; the loss is a sum over this
+                # rank's tokens / all tokens, so scaling by the world size makes the average
+                # the gradient of the global token mean.
+                (loss * d.world_size).backward()
+            if rows:
+                metrics.add(m)
+        grad_norm = clip_grad_norm(self.params, self.tcfg.grad_clip)
+        self.optim.step()
+        sums, maxs = metrics.vectors()
+        all_reduce_(sums, d)
+        all_reduce_(maxs, d, dist.ReduceOp.MAX)
+        padded_t = all_reduce_(torch.tensor([float(padded)], dtype=torch.float64), d)
+        summary = StepMetrics.from_vectors(sums, maxs).summary()
+        return StepResult(summary, len(samples), int(padded_t.item()), n_micro, grad_norm, lr,
+                          time.perf_counter() - t0)
+
+
+class Trainer:
+    def __init__(self, cfg: SpadeConfig, tcfg: TrainerConfig, d: Dist, *,
+                 max_steps: int | None = None, exit_when_idle_s: float | None = None) -> None:
+        self.cfg, self.tcfg, self.d = cfg, tcfg, d
+        self.max_steps, self.exit_when_idle_s = max_steps, exit_when_idle_s
+        self.root = trainer_root(cfg, tcfg)
+        self.base_dir = base_model_dir(cfg, tcfg)
+        self.weights = weights_root(cfg)
+        self.publishing = tcfg.publish_every_steps > 0
+        self.kind = artifact_kind(cfg, tcfg) if self.publishing else None
+        self.stop_requested = False
+        self.pending: tuple[int, Path] | None = None  # a version not yet served everywhere
+        self.next_publish_try = 0.0
+        self._batch: Batch | None = None
+
+    # ---- the loop ------------------------------------------------------------------------------
+
+    def run(self) -> TrainerState:
+        d, tcfg = self.d, self.tcfg
+        if d.is_main:
+            self.root.mkdir(parents=True, exist_ok=True)
+            self.weights.mkdir(parents=True, exist_ok=True)
+        self.runner = StepRunner(tcfg, d, self.base_dir)
+        self.ckpt = Checkpointer(self.root, d, lora=self.runner.lora, keep=tcfg.keep_checkpoints)
+        self.state = self.ckpt.load(self.runner.model, self.runner.optim)
+        self._ckpt_seq = self.state.last_seq
+        self.version = self.state.step // tcfg.publish_every_steps if self.publishing else 0
+        self.spool = FileSpool(self.cfg.paths.data_dir / "spool")
+        self._metrics = self.root / "metrics.jsonl"
+        with contextlib.ExitStack() as stack:
+            self.publisher = None
+            if self.publishing and d.is_main:
+                self.publisher = stack.enter_context(Publisher(self.cfg, tcfg,
+                                                               transfer=self._transfer()))
+            self._resume_publish()
+            log.info("trainer_started", rank=d.rank, world_size=d.world_size, mode=tcfg.mode,
+                     parallel=tcfg.parallel, backend=d.backend, step=self.state.step,
+                     last_seq=self.state.last_seq, version=self.version)
+            idle_since = time.monotonic()
+            while True:
+                decision = self._decide(idle_since) if d.is_main else WAIT
+                decision = broadcast_int(decision, d)
+                if decision == STOP:
+                    break
+                if decision == WAIT:
+                    continue
+                idle_since = time.monotonic()
+                self._train(self._claim(decision))
+            if self.state.last_seq != self._ckpt_seq:
+                self._checkpoint()  # a clean stop keeps everything it consumed
+        log.info("trainer_stopped", rank=d.rank, step=self.state.step,
+                 last_seq=self.state.last_seq, version=self.version)
+        return self.state
+
+    def _decide(self, idle_since: float) -> int:
+        """Rank 0: the next batch's seq, WAIT, or STOP."""
+        if self.pending is not None and time.monotonic() >= self.next_publish_try:
+            self._publish(*self.pending, started=time.perf_counter())
+        if self.stop_requested or (self.max_steps is not None
+                                   and self.state.step >= self.max_steps):
+            return STOP
+        batch = self.spool.wait_next(self.state.last_seq, timeout_s=self.tcfg.poll_interval_s,
+                                     poll_interval_s=min(0.05, self.tcfg.poll_interval_s))
+        if batch is None:
+            if (self.exit_when_idle_s is not None
+                    and time.monotonic() - idle_since > self.exit_when_idle_s):
+                log.info("trainer_idle_exit", idle_s=self.exit_when_idle_s)
+                return STOP
+            return WAIT
+        self._batch = batch
+        return batch.seq
+
+    def _claim(self, seq: int) -> Batch:
+        if self._batch is not None and self._batch.seq == seq:
+            batch, self._batch = self._batch, None
+            return batch
+        # Other ranks read the same file; a shared filesystem may show it a little later.
+        batch = self.spool.wait_next(seq - 1, timeout_s=60)
+        if batch is None:
+            raise SpoolError(f"rank {self.d.rank}: batch {seq} announced by rank 0 is not "
+                             f"visible in {self.spool.dir} after 60 s")
+        return batch
+
+    # ---- one batch -----------------------------------------------------------------------------
+
+    def _train(self, batch: Batch) -> None:
+        tcfg, st = self.tcfg, self.state
+        sel: Selection = select_samples(
+            batch, current_version=self.version, max_staleness=tcfg.max_staleness,
+            role_weights=self.runner.role_weights)
+        for k, v in sel.dropped.items():
+            st.dropped[k] = st.dropped.get(k, 0) + v
+        if not sel.samples:
+            st.record(batch.seq, stepped=False)
+            self._log({"event": "skipped", "seq": batch.seq, "step": st.step,
+                       "dropped": dict(sel.dropped), "version": self.version})
+            return
+        result = self.runner.step(sel.samples, step_index=st.step)
+        st.record(batch.seq, stepped=True)
+        st.samples += result.samples
+        st.tokens += int(result.metrics["tokens"])
+        step_end = time.perf_counter()
+        line: dict[str, Any] = {
+            "event": "step", "step": st.step, "seq": batch.seq, "version": self.version,
+            "samples": result.samples, "dropped": dict(sel.dropped),
+            "padded_tokens": result.padded_tokens, "micro_batches": result.micro_batches,
+            "grad_norm": result.grad_norm, "lr": result.lr,
+            "step_s": round(result.seconds, 4),
+            "tokens_per_s": round(result.metrics["tokens"] / result.seconds, 1),
+            **{k: (round(v, 6) if isinstance(v, float) else v)
+               for k, v in result.metrics.items()},
+        }
+        publish = self.publishing and st.step % tcfg.publish_every_steps == 0
+        path = None
+        if publish:
+            version = st.step // tcfg.publish_every_steps
+            path = self._export(version)
+        if publish or st.step % tcfg.checkpoint_every_steps == 0:
+            self._checkpoint()
+        if publish:
+            assert path is not None
+            self.version = version
+            if self.d.is_main:
+                line["publish"] = self._publish(version, path, started=step_end)
+        self._log(line)
+
+    def _checkpoint(self) -> None:
+        self.ckpt.save(self.runner.model, self.runner.optim, self.state)
+        self._ckpt_seq = self.state.last_seq
+        if self.d.is_main:
+            # Only now may the spool let go of what this checkpoint holds.
+            self.spool.ack(self.state.last_seq)
+            self.spool.gc()
+
+    # ---- versions ------------------------------------------------------------------------------
+
+    def _transfer(self) -> Any:
+        if not any(e.weight_swap.type == "vllm-nccl" for e in self.cfg.endpoints):
+            return None
+        from trainer.nccl_transfer import NcclWeightTransfer
+
+        return NcclWeightTransfer(self.d.device)
+
+    def _export(self, version: int) -> Path:
+        """Collective: gather the weights to rank 0, which writes `weights/vN` atomically."""
+        adapter = self.kind == "adapter"
+        full = get_model_state_dict(self.runner.model, options=StateDictOptions(
+            full_state_dict=True, cpu_offload=True, ignore_frozen_params=adapter))
+        path = version_dir(self.weights, version)
+        if self.d.is_main:
+            tmp = self.weights / f".v{version}.tmp"
+            shutil.rmtree(tmp, ignore_errors=True)
+            if adapter:
+                inner(self.runner.model).lm.save_pretrained(tmp, state_dict=adapter_state_dict(full))
+            else:
+                tcfg = self.tcfg
+                state = merged_state_dict(full, lora=self.runner.lora,
+                                          scaling=tcfg.lora_alpha / tcfg.lora_rank,
+                                          tied=ties_embeddings(self.base_dir))
+                save_full_weights(state, self.base_dir, tmp)
+                if self.publisher is not None and self.publisher.transfer is not None:
+                    dtype = checkpoint_dtype(self.base_dir)
+                    self.publisher.transfer.set_weights({k: v.to(dtype) for k, v in state.items()})
+            for f in tmp.iterdir():
+                with open(f, "rb") as fh:
+                    os.fsync(fh.fileno())
+            shutil.rmtree(path, ignore_errors=True)  # a re-export after a crash
+            os.replace(tmp, path)
+            fsync_dir(self.weights)
+        dist.barrier()
+        return path
+
+    def _resume_publish(self) -> None:
+        """After a restart: push the checkpoint's version if current.json is behind it."""
+        if not self.publishing:
+            return
+        published = read_current(self.weights)  # every rank reads it: one shared decision
+        if published > self.version:
+            raise RuntimeError(
+                f"{self.weights / 'current.json'} names version {published}, but the latest "
+                f"checkpoint in {self.ckpt.dir} is at version {self.version}: those weights "
+                "come from another run; remove that file (and the run's weights) or restore "
+                "its checkpoints")
+        if published == self.version or self.version == 0:
+            if self.d.is_main and self.publisher is not None:
+                self.publisher.adopt_server_state(self.version)
+            return
+        path = version_dir(self.weights, self.version)
+        if not path.is_dir():  # cannot happen when the export precedes the checkpoint
+            path = self._export(self.version)
+        if self.d.is_main and self.publisher is not None:
+            self.publisher.adopt_server_state(self.version)
+            log.info("republishing_after_restart", version=self.version, published=published)
+            self._publish(self.version, path, started=time.perf_counter())
+
+    def _publish(self, version: int, path: Path, *, started: float) -> dict[str, Any]:
+        assert self.publisher is not None
+        try:
+            report = self.publisher.publish(version, path, started=started)
+        except PublishError as exc:
+            self.pending = (version, path)
+            self.next_publish_try = time.monotonic() + self.tcfg.publish_retry_s
+            log.error("publish_failed", version=version, failures=exc.failures,
+                      retry_in_s=self.tcfg.publish_retry_s)
+            return {"version": version, "ok": False, "failures": exc.failures}
+        self.pending = None
+        return {"version": version, "ok": True, "model": report.model,
+                "seconds": round(report.seconds, 4), "swap_s": report.swap_seconds,
+                "attempts": report.attempts}
+
+    def _log(self, line: dict[str, Any]) -> None:
+        if not self.d.is_main:
+            return
+        line["time"] = time.time()
+        with open(self._metrics, "a", encoding="utf-8") as f:
+            f.write(json.dumps(line) + "\n")
+        log.info(f"train_{line['event']}", **{k: v for k, v in line.items()
+                                                if k not in ("event", "time")})

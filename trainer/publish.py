@@ -1,0 +1,220 @@
+"""Publishing version N: push the saved weights into every endpoint through its backend, then
+record the version where the daemon reads it (`<data_dir>/weights/current.json`).
+
+Runs on the trainer's rank 0 only. The endpoint pool and swappers live on one event loop in a
+background thread (an anyio blocking portal), so the LoRA swapper's bookkeeping of loaded
+adapters and the HTTP connections survive from one publish to the next. Every HTTP call has
+the endpoint's deadline and every swap attempt `publish_timeout_s`; a failed endpoint is
+retried `publish_attempts` times, logged each time, and reported in `PublishError`: the
+version is then not recorded, and the trainer tries again later. `current.json` moves only
+once every endpoint serves the version.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+from anyio.from_thread import start_blocking_portal
+
+from spade_async.config import SpadeConfig
+from spade_async.endpoints.pool import EndpointError, EndpointPool
+from spade_async.endpoints.swap import LoraSwapper, NcclSwapper, WeightSwapper, make_swapper
+from spade_async.logs import get_logger
+from trainer.checkpoint import write_json_atomic
+from trainer.config import TrainerConfig
+
+log = get_logger("trainer.publish")
+
+CURRENT = "current.json"
+_VERSION_DIR = re.compile(r"^v(\d+)$")
+
+
+class PublishError(RuntimeError):
+    """Some endpoint does not serve the version; `failures` maps endpoint -> last error."""
+
+    def __init__(self, version: int, failures: dict[str, str]) -> None:
+        detail = "; ".join(f"{name}: {why}" for name, why in sorted(failures.items()))
+        super().__init__(f"version {version} not published: {detail}")
+        self.version, self.failures = version, failures
+
+
+class PublishConfigError(ValueError):
+    """Endpoints and trainer mode that cannot work together."""
+
+
+@dataclass(frozen=True)
+class PublishReport:
+    version: int
+    model: str
+    seconds: float  # publish() call -> current.json written
+    swap_seconds: dict[str, float]
+    attempts: dict[str, int] = field(default_factory=dict)
+
+
+def weights_root(cfg: SpadeConfig) -> Path:
+    return cfg.paths.data_dir / "weights"
+
+
+def version_dir(root: Path, version: int) -> Path:
+    return root / f"v{version}"
+
+
+def read_current(root: Path) -> int:
+    """The version the daemon samples with (0: the base model, nothing published)."""
+    try:
+        return int(json.loads((root / CURRENT).read_text())["version"])
+    except FileNotFoundError:
+        return 0
+
+
+def artifact_kind(cfg: SpadeConfig, tcfg: TrainerConfig) -> str:
+    """'adapter' (vllm-lora endpoints) or 'full' (vllm-reload / vllm-nccl); raises when the
+    endpoints cannot share one model name or cannot take what this mode trains."""
+    kinds = {e.weight_swap.type for e in cfg.endpoints} - {"none"}
+    if not kinds:
+        raise PublishConfigError(
+            "publishing is on (trainer.publish_every_steps > 0) but no endpoint has a "
+            "weight_swap backend other than 'none'")
+    if "vllm-lora" in kinds and len(kinds) > 1:
+        raise PublishConfigError(
+            f"endpoints mix weight_swap types {sorted(kinds)}: vllm-lora serves "
+            "'<served>-vN', the others the served name, and the daemon sends one model name")
+    if "vllm-lora" in kinds:
+        if tcfg.mode == "full":
+            raise PublishConfigError("trainer.mode = 'full' cannot publish to vllm-lora "
+                                     "endpoints; use vllm-reload or vllm-nccl")
+        return "adapter"
+    return "full"
+
+
+class Publisher:
+    """`with Publisher(cfg, tcfg) as pub: pub.publish(version, path)` (rank 0)."""
+
+    def __init__(self, cfg: SpadeConfig, tcfg: TrainerConfig, *, transfer: Any = None) -> None:
+        self.cfg, self.tcfg = cfg, tcfg
+        self.kind = artifact_kind(cfg, tcfg)
+        self.root = weights_root(cfg)
+        self.endpoints = [e for e in cfg.endpoints if e.weight_swap.type != "none"]
+        self.needs_transfer = any(e.weight_swap.type == "vllm-nccl" for e in self.endpoints)
+        self.transfer = transfer
+        self.swappers: dict[str, WeightSwapper] = {}
+        self._stack = contextlib.ExitStack()
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+
+    def __enter__(self) -> Publisher:
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.portal = self._stack.enter_context(start_blocking_portal())
+        try:
+            self.pool = EndpointPool(self.endpoints, self.cfg.pool)
+            self._stack.callback(self.portal.call, self.pool.aclose)
+            served = self.cfg.model.served_name
+            for e in self.endpoints:
+                swapper = make_swapper(self.pool, e.name, served)
+                if isinstance(swapper, NcclSwapper) and self.transfer is not None:
+                    swapper.attach(self.transfer)
+                self.swappers[e.name] = swapper
+        except BaseException:
+            self._stack.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stack.close()
+
+    # ---- state -------------------------------------------------------------------------------
+
+    def model_name(self, version: int) -> str:
+        names = {s.model_name(version) for s in self.swappers.values()}
+        assert len(names) == 1, names  # guaranteed by artifact_kind
+        return names.pop()
+
+    def current(self) -> int:
+        return read_current(self.root)
+
+    def adopt_server_state(self, version: int) -> None:
+        """After a restart at `version`: LoRA swappers learn which of our adapters each server
+        still holds (so they retire them in turn); adapters of later versions, which this
+        lineage never published, are unloaded. Unreachable endpoints are logged and left to
+        the next publish's retries."""
+        for health in self.portal.call(self.pool.check):
+            swapper = self.swappers[health.name]
+            if not isinstance(swapper, LoraSwapper):
+                continue
+            if not health.up:
+                log.warning("publish_endpoint_down_at_start", endpoint=health.name,
+                            error=health.error)
+                continue
+            prefix = f"{self.cfg.model.served_name}-v"
+            held = sorted(int(a[len(prefix):]) for a in health.adapters
+                          if a.startswith(prefix) and a[len(prefix):].isdigit())
+            swapper.loaded = [v for v in held if v <= version]
+            for v in (v for v in held if v > version):
+                log.warning("adapter_from_other_lineage_unloaded", endpoint=health.name,
+                            version=v, trainer_version=version)
+                swapper.loaded.append(v)
+                self.portal.call(swapper.retire, v)
+
+    # ---- publish -----------------------------------------------------------------------------
+
+    def publish(self, version: int, path: Path, *, started: float | None = None) -> PublishReport:
+        """Blocking. Every endpoint serves `version` when this returns; then current.json
+        names it. `started` (perf_counter) lets the caller time from the end of its step."""
+        t0 = time.perf_counter() if started is None else started
+        swap_s, attempts = self.portal.call(self._push_all, version, path)
+        model = self.model_name(version)
+        write_json_atomic(self.root / CURRENT, {
+            "version": version, "model": model, "path": str(path),
+            "endpoints": sorted(swap_s), "published_at": time.time()})
+        report = PublishReport(version, model, time.perf_counter() - t0, swap_s, attempts)
+        log.info("version_published", version=version, model=model,
+                 seconds=round(report.seconds, 4), endpoints=swap_s)
+        self._prune(keep=version)
+        return report
+
+    async def _push_all(self, version: int, path: Path) -> tuple[dict[str, float], dict[str, int]]:
+        swap_s: dict[str, float] = {}
+        failures: dict[str, str] = {}
+        attempts: dict[str, int] = {}
+
+        async def push(name: str, swapper: WeightSwapper) -> None:
+            for attempt in range(1, self.tcfg.publish_attempts + 1):
+                attempts[name] = attempt
+                try:
+                    with anyio.fail_after(self.tcfg.publish_timeout_s):
+                        result = await swapper.swap(version, path)
+                except (EndpointError, TimeoutError) as exc:
+                    failures[name] = str(exc) or f"no answer within {self.tcfg.publish_timeout_s}s"
+                    log.warning("publish_attempt_failed", endpoint=name, version=version,
+                                attempt=attempt, of=self.tcfg.publish_attempts,
+                                error=failures[name])
+                    if attempt < self.tcfg.publish_attempts:
+                        await anyio.sleep(min(0.5 * 2 ** (attempt - 1), 10.0))
+                    continue
+                failures.pop(name, None)
+                swap_s[name] = round(result.seconds, 4)
+                return
+
+        async with anyio.create_task_group() as tg:
+            for name, swapper in self.swappers.items():
+                tg.start_soon(push, name, swapper)
+        if failures:
+            raise PublishError(version, failures)
+        return swap_s, attempts
+
+    def _prune(self, keep: int) -> None:
+        """Keep the newest `keep_versions` weight directories (vLLM may re-read an unloaded
+        adapter's files for requests still running on it)."""
+        versions = sorted(int(m.group(1)) for p in self.root.iterdir()
+                          if p.is_dir() and (m := _VERSION_DIR.match(p.name)))
+        for v in versions[: max(0, len(versions) - self.tcfg.keep_versions)]:
+            if v != keep:
+                shutil.rmtree(version_dir(self.root, v), ignore_errors=True)
