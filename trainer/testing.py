@@ -43,32 +43,35 @@ def synthetic_sample(rng: np.random.Generator, sample_id: str, *, vocab: int,
         reward=float(np.float32(rng.random())), episode_id=f"ep-{sample_id}")
 
 
-def write_batches(spool_dir: Path, n_batches: int, *, samples_per_batch: int = 6,
+def write_batches(spool_dir: Path, n_batches: int, *, skip: int = 0, samples_per_batch: int = 6,
                   vocab: int = 256, seed: int = 0, policy_version: int = 0) -> list[int]:
-    """Append `n_batches` synthetic batches (agent and designer samples); their seqs."""
+    """Append batches `skip .. skip + n_batches - 1` of the synthetic stream `seed` (agent and
+    designer samples); returns their seqs. The stream is the same however it is cut."""
     rng = np.random.default_rng(seed)
     seqs = []
     with FileSpool(spool_dir, writer=True) as spool:
-        start = spool.last_seq()
-        for b in range(n_batches):
-            samples = [synthetic_sample(rng, f"b{start + b}-s{i}", vocab=vocab,
+        for b in range(skip + n_batches):
+            samples = [synthetic_sample(rng, f"b{b}-s{i}", vocab=vocab,
                                         policy_version=policy_version,
                                         role="designer" if i % 3 == 0 else "agent")
                        for i in range(samples_per_batch)]
-            seqs.append(spool.write(samples))
+            if b >= skip:
+                seqs.append(spool.write(samples))
     return seqs
 
 
 def write_config(path: Path, data_dir: Path, *, checkpoint_name: str,
                  endpoints: list[tuple[str, str, str]] = (), served_name: str = "policy",
-                 extra: str = "") -> Path:
-    """A SPADE TOML config; endpoints as (name, base_url, weight_swap type)."""
+                 swap_options: str = "", extra: str = "") -> Path:
+    """A SPADE TOML config; endpoints as (name, base_url, weight_swap type), `swap_options`
+    TOML lines added to every endpoint's weight_swap table."""
     lines = [f'[paths]\ndata_dir = "{data_dir}"\n',
              f'[model]\nserved_name = "{served_name}"\ncheckpoint_name = "{checkpoint_name}"\n',
              "[pool]\nbackoff_initial_s = 0.05\nwait_for_endpoint_s = 5\n"]
     for name, url, swap in endpoints:
         lines.append(f'[[endpoints]]\nname = "{name}"\nbase_url = "{url}"\n'
-                     f'request_timeout_s = 120\n[endpoints.weight_swap]\ntype = "{swap}"\n')
+                     f'request_timeout_s = 120\n[endpoints.weight_swap]\ntype = "{swap}"\n'
+                     + swap_options)
     path.write_text("\n".join(lines) + extra)
     return path
 
