@@ -167,6 +167,13 @@ def make_swapper(pool: EndpointPool, endpoint: str, served_name: str) -> WeightS
     raise SwapError(f"{endpoint}: unknown weight_swap type '{backend.type}'")
 
 
+def _leaves(group: BaseExceptionGroup) -> list[BaseException]:
+    out: list[BaseException] = []
+    for exc in group.exceptions:
+        out.extend(_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
+    return out
+
+
 class WeightTransfer(Protocol):
     """The trainer's side of vLLM's NCCL weight transfer (blocking calls, run in a thread).
 
@@ -229,11 +236,33 @@ class NcclSwapper(WeightSwapper):
         return int(resp.json()["world_size"])
 
     async def _blocking_with(self, call: str, payload: dict, work: Any) -> None:
-        """POST `call` while `work` runs in a thread: both sides meet inside one collective."""
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(self._nccl_post, call, payload)
-            with anyio.fail_after(self.timeout_s):
-                await anyio.to_thread.run_sync(work, abandon_on_cancel=True)
+        """POST `call` while `work` runs in a thread: both sides meet inside one collective.
+        Whichever side fails first is raised (as a SwapError / EndpointError); the other is
+        cancelled (a thread stuck in NCCL is abandoned until `close` aborts its group)."""
+
+        async def trainer_side() -> None:
+            try:
+                with anyio.fail_after(self.timeout_s):
+                    await anyio.to_thread.run_sync(work, abandon_on_cancel=True)
+            except TimeoutError:
+                raise SwapError(f"{self.endpoint}: the trainer side of {call} did not finish "
+                                f"within {self.timeout_s}s") from None
+            except EndpointError:
+                raise
+            except Exception as exc:
+                raise SwapError(f"{self.endpoint}: the trainer side of {call} failed: "
+                                f"{type(exc).__name__}: {exc}") from exc
+
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._nccl_post, call, payload)
+                await trainer_side()
+        except BaseExceptionGroup as group:
+            cancelled = anyio.get_cancelled_exc_class()
+            errors = [e for e in _leaves(group) if not isinstance(e, cancelled)]
+            if not errors:
+                raise
+            raise errors[0] from None
 
     async def _connect(self) -> None:
         assert self.transfer is not None
