@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from memory_db.config import MemoryConfig
 from spade_async.corpus import CorpusConfig
+from trainer.config import TrainerConfig
 
 
 class ConfigError(ValueError):
@@ -164,6 +165,10 @@ class DaemonConfig(_Strict):
     replay_probability: float = Field(0.25, ge=0, le=1, description="chance that the next env "
                                       "played comes from the replay sampler instead")
     max_staleness: int = Field(2, ge=0, description="samples more policy versions old are dropped")
+    max_batches_ahead: int = Field(
+        0, ge=0, description="back-pressure from the trainer: start no new document while this "
+        "many written batches wait for it (the spool's taken mark); documents in flight still "
+        "finish. 0: never wait (a daemon run without a trainer)")
     status_interval_s: float = Field(2.0, gt=0, description="how often status.json is written")
     drain_timeout_s: float = Field(60.0, gt=0, description="on SIGTERM/SIGINT, time to finish "
                                    "in-flight work before cancelling it")
@@ -185,6 +190,7 @@ class SpadeConfig(_Strict):
     daemon: DaemonConfig = Field(default_factory=DaemonConfig)
     corpus: CorpusConfig = Field(default_factory=CorpusConfig)
     memory: MemoryConfig = Field(default_factory=MemoryConfig)
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
 
 
 ENV_PREFIX = "SPADE__"

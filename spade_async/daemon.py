@@ -111,6 +111,7 @@ class DocGroup:
     regrets: dict[str, EnvRegret] = field(default_factory=dict)
     checks_passed: dict[str, float] = field(default_factory=dict)
     agent_samples: list[Sample] = field(default_factory=list)
+    request_failures: int = 0  # design requests the endpoints failed, this attempt
     pending: int = 0
     done: anyio.Event = field(default_factory=anyio.Event)
 
@@ -132,6 +133,7 @@ class Daemon:
         self._episodes_file = run_dir / "episodes.jsonl"
         self._rng = random.Random(cfg.corpus.seed)
         self._stopping = False
+        self.waiting_for_trainer = False
         self.metrics = Metrics()
 
     # ---- the loop --------------------------------------------------------------------------
@@ -171,11 +173,34 @@ class Daemon:
             while not self._stopping and (self._limit_iterations is None
                                           or started < self._limit_iterations):
                 await limiter.acquire()
+                await self._wait_for_trainer()
+                if self._stopping:
+                    limiter.release()
+                    break
                 chunk = await anyio.to_thread.run_sync(next, self.corpus)
                 started += 1
                 tg.start_soon(self._document, chunk, send_env.clone(), limiter)
                 if self._rng.random() < dcfg.replay_probability:
                     tg.start_soon(self._replay_one, send_env.clone())
+
+    async def _wait_for_trainer(self) -> None:
+        """Back-pressure: while `max_batches_ahead` batches wait in the spool for the trainer,
+        sampling more would only make samples it drops as stale."""
+        ahead_max = self.cfg.daemon.max_batches_ahead
+        if not ahead_max:
+            return
+        waited = False
+        while not self._stopping:
+            ahead = self.spool.last_seq() - self.spool.taken_seq()
+            if ahead < ahead_max:
+                break
+            if not waited:
+                waited = True
+                self.waiting_for_trainer = True
+                self.counters["trainer_waits"] += 1
+                log.info("waiting_for_trainer", batches_ahead=ahead, max_batches_ahead=ahead_max)
+            await anyio.sleep(0.25)
+        self.waiting_for_trainer = False
 
     async def _replay_one(self, send_env) -> None:
         async with send_env:
@@ -191,9 +216,7 @@ class Daemon:
                 examples = []
                 if self.cfg.daemon.examples_k:
                     examples = await self.memory.examples(chunk.text, self.cfg.daemon.examples_k)
-                async with anyio.create_task_group() as tg:
-                    for _ in range(self.cfg.daemon.designs_per_document):
-                        tg.start_soon(self._one_design, group, examples)
+                await self._design_all(group, examples)
                 accepted = [d for d in group.designs
                             if group.status[d.design_id] is DesignStatus.ACCEPTED]
                 group.pending = len(accepted)
@@ -206,6 +229,28 @@ class Daemon:
             await self._finish_document(group)
         finally:
             limiter.release()
+
+    async def _design_all(self, group: DocGroup, examples: list[str]) -> None:
+        """The document's G designs. When the endpoints failed every one of them (down, or
+        not serving the model yet), the document is not used up: it is designed again after a
+        back-off (1 s, doubling to 30 s), so a dead endpoint neither spins through the corpus
+        nor loses documents."""
+        n = self.cfg.daemon.designs_per_document
+        delay = 1.0
+        while True:
+            group.request_failures = 0
+            async with anyio.create_task_group() as tg:
+                for _ in range(n):
+                    tg.start_soon(self._one_design, group, examples)
+            if group.designs or group.request_failures < n or self._stopping:
+                return
+            self.counters["documents_retried"] += 1
+            log.warning("document_designs_all_failed", chunk=group.chunk.chunk_id,
+                        retry_in_s=delay)
+            end = time.monotonic() + delay
+            while not self._stopping and time.monotonic() < end:
+                await anyio.sleep(min(0.2, end - time.monotonic()))
+            delay = min(30.0, delay * 2)
 
     async def _one_design(self, group: DocGroup, examples: list[str]) -> None:
         dcfg, chunk = self.cfg.daemon, group.chunk
@@ -220,6 +265,7 @@ class Daemon:
             )
         except EndpointError as exc:
             self.counters["design_request_failed"] += 1
+            group.request_failures += 1
             log.warning("design_request_failed", chunk=chunk.chunk_id, error=str(exc))
             return
         finally:
@@ -414,6 +460,7 @@ class Daemon:
                        "mean": round(sum(regrets) / len(regrets), 4) if regrets else None,
                        "max": regrets[-1] if regrets else None},
             "stopping": self._stopping,
+            "waiting_for_trainer": self.waiting_for_trainer,
         }
 
     def _write_status(self) -> None:

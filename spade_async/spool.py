@@ -274,6 +274,15 @@ class BatchSpool(ABC):
     def acked_seq(self) -> int:
         """The acknowledgement mark (0 before the first ack)."""
 
+    @abstractmethod
+    def mark_taken(self, seq: int) -> None:
+        """The reader has taken every batch up to seq into training. Progress only, for the
+        writer's back-pressure: not durable (a restarted reader takes from its checkpoint)."""
+
+    @abstractmethod
+    def taken_seq(self) -> int:
+        """How far the reader has got: the later of the progress and acknowledgement marks."""
+
     def wait_next(
         self, after_seq: int, *, timeout_s: float, poll_interval_s: float = 0.2
     ) -> Batch | None:
@@ -299,6 +308,7 @@ class BatchSpool(ABC):
 _BATCH_NAME = re.compile(r"^batch-(\d{12})\.arrow$")
 _STATE_FILE = "state.json"
 _ACK_FILE = "acked.json"
+_TAKEN_FILE = "taken.json"
 _LOCK_FILE = "writer.lock"
 
 
@@ -512,6 +522,14 @@ class FileSpool(BatchSpool):
         if seq <= self.acked_seq():
             return
         _write_json_atomic(self.dir / _ACK_FILE, {"acked_seq": seq})
+
+    def mark_taken(self, seq: int) -> None:
+        tmp = self.dir / f".{_TAKEN_FILE}.tmp"
+        tmp.write_text(json.dumps({"taken_seq": int(seq)}))
+        os.replace(tmp, self.dir / _TAKEN_FILE)  # atomic; no fsync: it is only progress
+
+    def taken_seq(self) -> int:
+        return max(int(self._read_json(_TAKEN_FILE).get("taken_seq", 0)), self.acked_seq())
 
     def gc(self, upto_seq: int | None = None) -> int:
         acked = self.acked_seq()

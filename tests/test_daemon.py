@@ -146,3 +146,63 @@ async def test_endpoint_dying_mid_run_backs_off_and_continues(fake, tmp_path):
     assert pool.is_up("fake")
     assert daemon.counters["episode_request_failed"] == 0  # waited it out, nothing dropped
     assert spool.last_seq() >= 1
+
+
+def _docs(tmp_path, cfg, n: int):
+    corpus = tmp_path / "docs.jsonl"
+    corpus.write_text("".join(json.dumps({"id": f"doc{i}", "text": f"Document {i}. " * 30}) + "\n"
+                              for i in range(n)))
+    return cfg
+
+
+async def test_trainer_back_pressure_holds_new_documents_until_batches_are_taken(fake, tmp_path):
+    server, chat = fake
+    server.state.script = Script(chat, per_document=True)  # every document makes a batch
+    cfg = _docs(tmp_path, _config(tmp_path, server), 3)
+    cfg = cfg.model_copy(update={"daemon": cfg.daemon.model_copy(update={
+        "max_batches_ahead": 1, "documents_in_flight": 1, "status_interval_s": 0.05})})
+    spool = FileSpool(tmp_path / "spool", writer=True)
+    trainer_side = FileSpool(tmp_path / "spool")
+    sampler = CorpusSampler.from_config(cfg.corpus, tmp_path / "corpus.json", autocommit=False)
+
+    async def until(cond, what: str) -> None:
+        with anyio.fail_after(60):
+            while not cond():
+                await anyio.sleep(0.02)
+
+    async with EndpointPool(cfg.endpoints, cfg.pool) as pool, Sandbox(cfg.sandbox) as sb:
+        daemon = Daemon(cfg, pool=pool, sandbox=sb, memory=DictMemory(), spool=spool,
+                        corpus=sampler, chat=chat, run_dir=tmp_path / "run")
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(daemon.run, 3)
+            for seq in (1, 2):
+                await until(lambda: daemon.waiting_for_trainer, "waiting")
+                await anyio.sleep(0.5)  # it really holds: nothing new is started or written
+                assert spool.last_seq() == seq and daemon.iterations == seq
+                status = json.loads((tmp_path / "run" / "status.json").read_text())
+                assert status["waiting_for_trainer"] is True
+                trainer_side.mark_taken(seq)  # what the trainer does after each batch
+                await until(lambda: spool.last_seq() > seq, "next batch")  # noqa: B023
+    assert daemon.iterations == 3 and spool.last_seq() == 3
+    assert daemon.counters["trainer_waits"] == 2 and trainer_side.taken_seq() == 2
+
+
+async def test_document_whose_designs_all_failed_is_designed_again_not_used_up(fake, tmp_path):
+    server, chat = fake
+    cfg = _config(tmp_path, server)
+    cfg = cfg.model_copy(update={"pool": PoolConfig(
+        max_attempts=2, backoff_initial_s=0.01, backoff_max_s=0.02, wait_for_endpoint_s=5,
+        down_after_failures=100)})
+    server.state.fail_next = 4  # both designs, both attempts each: the first try fails whole
+    spool = FileSpool(tmp_path / "spool", writer=True)
+    sampler = CorpusSampler.from_config(cfg.corpus, tmp_path / "corpus.json", autocommit=False)
+    async with EndpointPool(cfg.endpoints, cfg.pool) as pool, Sandbox(cfg.sandbox) as sb:
+        daemon = Daemon(cfg, pool=pool, sandbox=sb, memory=DictMemory(), spool=spool,
+                        corpus=sampler, chat=chat, run_dir=tmp_path / "run")
+        with anyio.fail_after(60):
+            await daemon.run(max_iterations=1)
+    assert daemon.counters["design_request_failed"] == 2
+    assert daemon.counters["documents_retried"] == 1
+    assert daemon.counters["designs"] == 2 and daemon.counters["designs_accepted"] == 1
+    assert spool.last_seq() == 1  # the same document, designed again, made its batch
+    assert json.loads((tmp_path / "corpus.json").read_text())["consumed"] == 1

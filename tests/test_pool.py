@@ -156,6 +156,36 @@ async def test_model_nobody_serves_fails_at_once_naming_what_is_served(servers):
         assert (await pool.chat(MSG, model="policy-v9", max_tokens=2)).endpoint == "a"
 
 
+
+async def test_adapter_loaded_by_another_process_is_found_before_the_next_health_probe(servers):
+    slow = FAST.model_copy(update={"health_interval_s": 3600.0})
+    async with EndpointPool([_cfg(servers[0], "a"), _cfg(servers[1], "b")], slow) as pool:
+        await pool.check()
+        # The trainer, in its own process, loads the adapter and records the version; the
+        # daemon's pool has not probed since.
+        servers[1].state.adapters["policy-v1"] = "/tmp/adapter"
+        probes = servers[1].state.requests
+        with anyio.fail_after(2.0):
+            outs = await _gather(
+                *[lambda: pool.chat(MSG, model="policy-v1", max_tokens=2)] * 6)
+        assert {o.endpoint for o in outs} == {"b"}
+        assert pool.serves("policy-v1") == ["b"]
+        assert servers[1].state.requests - probes == 6  # chats only: /v1/models is not counted
+        with pytest.raises(EndpointRequestError, match=r"'policy-v2'.*served: policy, policy-v1"):
+            await pool.chat(MSG, model="policy-v2", max_tokens=2)
+
+
+async def _gather(*calls):
+    out: list = [None] * len(calls)
+
+    async def one(i: int) -> None:
+        out[i] = await calls[i]()
+
+    async with anyio.create_task_group() as tg:
+        for i in range(len(calls)):
+            tg.start_soon(one, i)
+    return out
+
 async def test_check_reports_down_and_weight_version(servers):
     servers[0].state.weight_version = "7"
     servers[1].stop()

@@ -1,8 +1,7 @@
-"""The trainer's config: one frozen pydantic model, read from the main tree's `trainer:` section.
+"""The trainer's config: one frozen pydantic model, the main tree's `[trainer]` section.
 
-Until the main config tree carries `trainer`, `trainer_config(cfg)` falls back to the defaults,
-and `python -m trainer --trainer-config FILE` reads this section from a TOML file of its own.
-Nothing here touches torch, the network or the disk.
+`python -m trainer --trainer-config FILE` can also read this section from a TOML file of its
+own. Nothing here touches torch, the network or the disk (the main config imports it).
 """
 
 from __future__ import annotations
@@ -107,7 +106,7 @@ class TrainerConfig(BaseModel):
 
 
 def trainer_config(cfg: Any) -> TrainerConfig:
-    """The trainer section of the main config tree, or the defaults while it has none."""
+    """The trainer section of the main config tree (the defaults for a bare object)."""
     return getattr(cfg, "trainer", None) or TrainerConfig()
 
 

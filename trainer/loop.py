@@ -176,6 +176,39 @@ class StepRunner:
                           time.perf_counter() - t0)
 
 
+def export_version(runner: StepRunner, kind: str, weights: Path, version: int, *,
+                   transfer: Any = None) -> Path:
+    """Collective: gather the weights to rank 0, which writes `weights/vN` atomically: a peft
+    adapter directory (kind 'adapter') or a full HF checkpoint in the serving dtype with any
+    LoRA merged in (kind 'full'); the full weights also go to the NCCL transfer, if any."""
+    adapter = kind == "adapter"
+    full = get_model_state_dict(runner.model, options=StateDictOptions(
+        full_state_dict=True, cpu_offload=True, ignore_frozen_params=adapter))
+    path = version_dir(weights, version)
+    if runner.d.is_main:
+        tmp = weights / f".v{version}.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        if adapter:
+            inner(runner.model).lm.save_pretrained(tmp, state_dict=adapter_state_dict(full))
+        else:
+            tcfg = runner.tcfg
+            state = merged_state_dict(full, lora=runner.lora,
+                                      scaling=tcfg.lora_alpha / tcfg.lora_rank,
+                                      tied=ties_embeddings(runner.base_dir))
+            save_full_weights(state, runner.base_dir, tmp)
+            if transfer is not None:
+                dtype = checkpoint_dtype(runner.base_dir)
+                transfer.set_weights({k: v.to(dtype) for k, v in state.items()})
+        for f in tmp.iterdir():
+            with open(f, "rb") as fh:
+                os.fsync(fh.fileno())
+        shutil.rmtree(path, ignore_errors=True)  # a re-export after a crash
+        os.replace(tmp, path)
+        fsync_dir(weights)
+    dist.barrier()
+    return path
+
+
 class Trainer:
     def __init__(self, cfg: SpadeConfig, tcfg: TrainerConfig, d: Dist, *,
                  max_steps: int | None = None, exit_when_idle_s: float | None = None) -> None:
@@ -224,6 +257,8 @@ class Trainer:
                     continue
                 idle_since = time.monotonic()
                 self._train(self._claim(decision))
+                if d.is_main:  # the daemon's back-pressure reads it (daemon.max_batches_ahead)
+                    self.spool.mark_taken(self.state.last_seq)
             if self.state.last_seq != self._ckpt_seq:
                 self._checkpoint()  # a clean stop keeps everything it consumed
         log.info("trainer_stopped", rank=d.rank, step=self.state.step,
@@ -239,6 +274,8 @@ class Trainer:
             return STOP
         batch = self.spool.wait_next(self.state.last_seq, timeout_s=self.tcfg.poll_interval_s,
                                      poll_interval_s=min(0.05, self.tcfg.poll_interval_s))
+        if self.stop_requested:
+            return STOP  # asked while waiting: the batch stays for the next run
         if batch is None:
             if (self.exit_when_idle_s is not None
                     and time.monotonic() - idle_since > self.exit_when_idle_s):
@@ -320,33 +357,9 @@ class Trainer:
         return NcclWeightTransfer(self.d.device)
 
     def _export(self, version: int) -> Path:
-        """Collective: gather the weights to rank 0, which writes `weights/vN` atomically."""
-        adapter = self.kind == "adapter"
-        full = get_model_state_dict(self.runner.model, options=StateDictOptions(
-            full_state_dict=True, cpu_offload=True, ignore_frozen_params=adapter))
-        path = version_dir(self.weights, version)
-        if self.d.is_main:
-            tmp = self.weights / f".v{version}.tmp"
-            shutil.rmtree(tmp, ignore_errors=True)
-            if adapter:
-                inner(self.runner.model).lm.save_pretrained(tmp, state_dict=adapter_state_dict(full))
-            else:
-                tcfg = self.tcfg
-                state = merged_state_dict(full, lora=self.runner.lora,
-                                          scaling=tcfg.lora_alpha / tcfg.lora_rank,
-                                          tied=ties_embeddings(self.base_dir))
-                save_full_weights(state, self.base_dir, tmp)
-                if self.publisher is not None and self.publisher.transfer is not None:
-                    dtype = checkpoint_dtype(self.base_dir)
-                    self.publisher.transfer.set_weights({k: v.to(dtype) for k, v in state.items()})
-            for f in tmp.iterdir():
-                with open(f, "rb") as fh:
-                    os.fsync(fh.fileno())
-            shutil.rmtree(path, ignore_errors=True)  # a re-export after a crash
-            os.replace(tmp, path)
-            fsync_dir(self.weights)
-        dist.barrier()
-        return path
+        transfer = self.publisher.transfer if self.publisher is not None else None
+        return export_version(self.runner, self.kind or "adapter", self.weights, version,
+                              transfer=transfer)
 
     def _resume_publish(self) -> None:
         """After a restart: push the checkpoint's version if current.json is behind it."""

@@ -157,6 +157,8 @@ class EndpointPool:
             for e in endpoints
         ]
         self._changed = anyio.Event()
+        self._models_lock = anyio.Lock()
+        self._models_probed_at = -1.0  # monotonic time of the last on-demand model refresh
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -288,7 +290,20 @@ class EndpointPool:
         # running health loop (a one-off CLI call) still recovers.
         return ep.up or (now - ep.last_failure >= self.cfg.health_interval_s and ep.in_flight == 0)
 
+    async def _refresh_models(self, asked_at: float) -> None:
+        """Re-list every endpoint's models now, once for all the requests waiting since
+        `asked_at`: another process (the trainer) may have loaded an adapter since the last
+        health probe."""
+        async with self._models_lock:
+            if self._models_probed_at >= asked_at:
+                return  # a refresh started after this request asked: its answer stands
+            started = time.monotonic()
+            await self.check()
+            self._models_probed_at = started
+
     async def _acquire(self, model: str | None, exclude: set[str]) -> _Endpoint:
+        asked_at = time.monotonic()
+        refreshed = False
         with anyio.fail_after(self.cfg.wait_for_endpoint_s):
             while True:
                 now = time.monotonic()
@@ -302,6 +317,10 @@ class EndpointPool:
                 if model is not None and up and all(
                     ep.models is not None and model not in ep.models for ep in up
                 ):
+                    if not refreshed:  # the lists may be older than the model
+                        refreshed = True
+                        await self._refresh_models(asked_at)
+                        continue
                     # Waiting cannot help: fail like the server would (404), at once.
                     raise ModelNotServed(model, sorted(set().union(*(ep.models for ep in up))))
                 with anyio.move_on_after(min(1.0, self.cfg.health_interval_s)):

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# The `trainer` process: consumes the daemon's regret batches from the spool, trains, and
+# publishes versions into the inference servers (configs' [trainer] section). One process by
+# default; SPADE_TRAIN_NPROC=N runs N ranks under torchrun (gloo on CPU, NCCL on GPUs).
+# Extra arguments go to `spade-train` unchanged.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export HF_HUB_OFFLINE=1
+cfg=${SPADE_CONFIG:-configs/embedded.toml}
+# Publishing needs the servers up; the trainer itself would retry, but start in step with them.
+for _ in $(seq 600); do
+  .venv/bin/spade endpoints check --config "$cfg" --json >/dev/null 2>&1 && break
+  sleep 1
+done
+nproc=${SPADE_TRAIN_NPROC:-1}
+if [ "$nproc" -gt 1 ]; then
+  exec .venv/bin/torchrun --standalone --nproc-per-node "$nproc" -m trainer --config "$cfg" "$@"
+fi
+exec .venv/bin/spade-train --config "$cfg" "$@"

@@ -1,0 +1,148 @@
+"""The Procfile's `daemon` and `trainer` lines under honcho, as `bash scripts/run.sh` starts
+them, against a scripted OpenAI-compatible endpoint that serves LoRA adapters by name:
+the trainer consumes the batches the daemon writes (every one, in order, once), publishes
+versions through the vllm-lora backend, and the daemon then samples with them (its requests
+name `policy-vN` and its later batches carry policy_version N). The real SmolLM2 checkpoint is
+trained; the real sandbox, spool and LanceDB memory run."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from spade_async.chat_tokens import ChatTokens
+from spade_async.testing.fake_openai import FakeOpenAIServer
+from spade_async.testing.scripted import Script
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def scripted(checkpoint):
+    chat = ChatTokens.from_pretrained(checkpoint)
+    server = FakeOpenAIServer()
+    server.state.script = Script(chat, per_document=True)
+    server.state.decode = chat.decode
+    server.state.eos_token_id = chat.tok.eos_token_id
+    server.state.token_latency_s = 0.002
+    server.start()
+    yield server
+    server.stop()
+
+
+def _config(tmp: Path, base_url: str, checkpoint: Path) -> Path:
+    (tmp / "data" / "models").mkdir(parents=True)
+    (tmp / "data" / "models" / "smollm2").symlink_to(checkpoint)
+    docs = tmp / "docs.jsonl"
+    docs.write_text("".join(json.dumps({"id": f"doc{i}", "text": f"Topic {i}: " + "words " * 60})
+                            + "\n" for i in range(40)))
+    cfg = tmp / "spade.toml"
+    cfg.write_text(f"""
+[paths]
+data_dir = "{tmp / 'data'}"
+[model]
+checkpoint_name = "smollm2"
+[[endpoints]]
+name = "scripted"
+base_url = "{base_url}"
+[endpoints.weight_swap]
+type = "vllm-lora"
+max_loaded_adapters = 2
+[pool]
+wait_for_endpoint_s = 30
+[sandbox]
+slots = 8
+warm_workers = 2
+[rollout]
+k_unhinted = 2
+k_hinted = 2
+max_tokens_per_turn = 16
+[daemon]
+designs_per_document = 2
+documents_in_flight = 1
+max_batches_ahead = 1
+examples_k = 0
+replay_probability = 0.0
+status_interval_s = 0.2
+[corpus]
+min_chars = 10
+[corpus.source]
+type = "jsonl"
+path = "{docs}"
+id_field = "id"
+[memory]
+embedding_model = "hash-384"
+[trainer]
+lr = 1e-4
+micro_batch_tokens = 2048
+publish_every_steps = 1
+checkpoint_every_steps = 1
+publish_retry_s = 1.0
+""")
+    return cfg
+
+
+def _steps(metrics: Path) -> list[dict]:
+    if not metrics.exists():
+        return []
+    return [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+
+
+def test_procfile_trainer_consumes_daemon_batches_and_daemon_samples_new_versions(
+        scripted, checkpoint, tmp_path):
+    cfg = _config(tmp_path, scripted.base_url, checkpoint)
+    data = tmp_path / "data"
+    env = dict(os.environ, HF_HUB_OFFLINE="1", SPADE_CONFIG=str(cfg),
+               PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    log = tmp_path / "honcho.log"
+    with open(log, "wb") as out:
+        stack = subprocess.Popen(
+            [str(Path(sys.executable).with_name("honcho")), "start", "daemon", "trainer"],
+            cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    sampled_with: set[str] = set()
+    try:
+        deadline = time.monotonic() + 600
+        while True:
+            assert stack.poll() is None, log.read_text()[-4000:]
+            assert time.monotonic() < deadline, log.read_text()[-4000:]
+            steps = [s for s in _steps(data / "trainer" / "metrics.jsonl")
+                     if s["event"] == "step"]
+            sampled_with = {m for m in scripted.state.models_seen if m.startswith("policy-v")}
+            # Two versions published, and the daemon has sent requests to the second.
+            if len(steps) >= 3 and "policy-v2" in sampled_with:
+                break
+            time.sleep(0.5)
+    finally:
+        if stack.poll() is None:
+            os.killpg(stack.pid, signal.SIGTERM)  # honcho stops both; each drains and exits
+        try:
+            stack.wait(120)
+        except subprocess.TimeoutExpired:
+            os.killpg(stack.pid, signal.SIGKILL)
+            stack.wait()
+    lines = _steps(data / "trainer" / "metrics.jsonl")
+    trained = [s for s in lines if s["event"] in ("step", "skipped")]
+    seqs = [s["seq"] for s in trained]
+    # Every batch the trainer saw, in order, once; every publish went through.
+    assert seqs == list(range(1, len(seqs) + 1)), seqs
+    published = [s["publish"] for s in lines if "publish" in s]
+    assert published and all(p["ok"] for p in published), published
+    assert [p["version"] for p in published] == list(range(1, len(published) + 1))
+    assert {"policy-v1", "policy-v2"} <= sampled_with
+    assert {p["model"] for p in published} >= {"policy-v1", "policy-v2"}
+    # The trainer recorded where the daemon reads it; the daemon moved to it.
+    current = json.loads((data / "weights" / "current.json").read_text())
+    assert current["version"] == len(published) and current["model"] == f"policy-v{len(published)}"
+    status = json.loads((data / "run" / "status.json").read_text())
+    assert status["policy_version"] >= 2, status
+    # The daemon's later batches hold samples drawn with a published version: the trainer
+    # trained on them (staleness below its own version means policy_version >= 1).
+    assert any(s["event"] == "step" and s["version"] >= 1
+               and s["staleness_max"] < s["version"] for s in trained), trained
