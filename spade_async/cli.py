@@ -349,6 +349,7 @@ def status(config: Path = ConfigOpt, as_json: bool = JsonOpt) -> None:
         alive = False
     st["running"] = alive and not st.get("stopped")
     st["age_s"] = round(time.time() - float(st.get("updated_at", 0)), 1)
+    st["trainer"] = _trainer_progress(cfg)
     if as_json:
         typer.echo(json.dumps(st, indent=2))
         return
@@ -367,6 +368,55 @@ def status(config: Path = ConfigOpt, as_json: bool = JsonOpt) -> None:
                f"regret mean {r.get('mean')} over {r.get('n')} envs")
     typer.echo(f"batches {c.get('batches', 0)} ({c.get('samples', 0)} samples); in flight "
                f"{st.get('in_flight')}; endpoints {st.get('endpoint_in_flight')}")
+    t = st["trainer"]
+    line = (f"trainer: taken {t['taken_seq']} of {t['last_seq']} batches, published version "
+            f"{t['published_version']}")
+    if t.get("step") is not None:
+        line += (f", step {t['step']} {t['last_event_age_s']}s ago (loss {t.get('loss')}, "
+                 f"{t.get('tokens_per_s')} tok/s)")
+    if st.get("waiting_for_trainer"):
+        line += "; the daemon waits for it (daemon.max_batches_ahead)"
+    typer.echo(line)
+
+
+def _trainer_progress(cfg: SpadeConfig) -> dict:
+    """The trainer as the daemon's files show it: spool marks, current.json, its last step."""
+    import time
+
+    def read(path: Path) -> dict:
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    data = cfg.paths.data_dir
+    spool = data / "spool"
+    out: dict = {
+        "last_seq": int(read(spool / "state.json").get("last_seq", 0)),
+        "taken_seq": max(int(read(spool / "taken.json").get("taken_seq", 0)),
+                         int(read(spool / "acked.json").get("acked_seq", 0))),
+        "published_version": int(read(data / "weights" / "current.json").get("version", 0)),
+        "step": None,
+    }
+    metrics = (cfg.trainer.checkpoint_dir or data / "trainer") / "metrics.jsonl"
+    try:
+        with open(metrics, "rb") as f:
+            f.seek(0, 2)
+            f.seek(max(0, f.tell() - 65536))
+            lines = f.read().decode(errors="replace").splitlines()
+    except OSError:
+        lines = []
+    for raw in reversed(lines):
+        try:
+            last = json.loads(raw)
+        except ValueError:
+            continue
+        out.update(step=last.get("step"), loss=last.get("loss"),
+                   tokens_per_s=last.get("tokens_per_s"),
+                   last_event_age_s=round(time.time() - float(last.get("time", 0)), 1))
+        break
+    return out
 
 
 @bench_app.command("pipeline")

@@ -146,3 +146,14 @@ def test_procfile_trainer_consumes_daemon_batches_and_daemon_samples_new_version
     # trained on them (staleness below its own version means policy_version >= 1).
     assert any(s["event"] == "step" and s["version"] >= 1
                and s["staleness_max"] < s["version"] for s in trained), trained
+    # `spade status` shows the trainer as the files show it.
+    res = subprocess.run([sys.executable, "-m", "spade_async.cli", "status", "-c", str(cfg),
+                          "--json"], cwd=REPO, env=env, capture_output=True, text=True,
+                         timeout=60)
+    assert res.returncode == 0, res.stderr[-2000:]
+    t = json.loads(res.stdout)["trainer"]
+    assert t["taken_seq"] == seqs[-1] and t["published_version"] == len(published)
+    assert t["step"] == max(s["step"] for s in trained) and t["last_seq"] >= seqs[-1]
+    res = subprocess.run([sys.executable, "-m", "spade_async.cli", "status", "-c", str(cfg)],
+                         cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    assert f"trainer: taken {seqs[-1]} of" in res.stdout, res.stdout
