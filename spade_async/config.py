@@ -158,6 +158,10 @@ class DaemonConfig(_Strict):
     designs_per_document: int = Field(4, ge=1, description="G: designs drawn per document")
     designer_max_tokens: int = Field(1536, ge=64, description="completion budget of one design")
     designer_temperature: float = Field(1.0, ge=0)
+    designer_prefill: str = Field(
+        "```python\n", description="text the designer's reply starts with, sent as prompt "
+        "tokens (loss mask 0): it opens the code block the contract asks for, so small models "
+        "write code instead of prose. \"\" leaves the reply's start to the model")
     examples_k: int = Field(1, ge=0, description="memory examples (MMR) in each designer prompt")
     documents_in_flight: int = Field(2, ge=1, description="documents being designed at once")
     envs_in_flight: int = Field(4, ge=1, description="environments being played at once")

@@ -260,7 +260,8 @@ class Daemon:
                 self.pool, self.chat, doc_id=chunk.doc_id, chunk_id=chunk.chunk_id,
                 excerpt=chunk.text, examples=examples, model=self.policy.model,
                 policy_version=self.policy.version, max_tokens=dcfg.designer_max_tokens,
-                temperature=dcfg.designer_temperature, max_seq_len=self.cfg.rollout.max_seq_len,
+                temperature=dcfg.designer_temperature, prefill=dcfg.designer_prefill,
+                max_seq_len=self.cfg.rollout.max_seq_len,
                 deadline_s=self.cfg.rollout.request_deadline_s,
             )
         except EndpointError as exc:
@@ -285,8 +286,7 @@ class Daemon:
         group.designs.append(d)
         group.status[d.design_id] = status
         if report is not None:
-            group.checks_passed[d.design_id] = (
-                sum(c.passed is True for c in report.checks) / len(report.checks))
+            group.checks_passed[d.design_id] = report.progress
         self.counters[f"designs_{status.value}"] += 1
         self.metrics.designs.labels(status.value).inc()
         self.metrics.tokens.labels("designer").inc(len(d.token_ids) - d.prompt_len)

@@ -97,16 +97,24 @@ async def design(
     temperature: float,
     max_seq_len: int,
     deadline_s: float,
+    prefill: str = "",
 ) -> Design:
-    prompt = chat.prompt_ids(designer_messages(excerpt, examples))
+    """`prefill` opens the reply (e.g. a code fence): its tokens end the prompt (mask 0), and
+    the text the code is extracted from is prefill + what the model wrote."""
+    head = chat.encode(prefill) if prefill else []
+
+    def build(examples: list[str]) -> list[int]:
+        return chat.prompt_ids(designer_messages(excerpt, examples)) + head
+
+    prompt = build(examples)
     budget = min(max_tokens, max_seq_len - len(prompt))
     while budget < 64 and examples:  # examples that crowd out the reply go first
         examples = examples[:-1]
-        prompt = chat.prompt_ids(designer_messages(excerpt, examples))
+        prompt = build(examples)
         budget = min(max_tokens, max_seq_len - len(prompt))
     out = await pool.complete(prompt, model=model, max_tokens=max(budget, 1),
                               temperature=temperature, deadline_s=deadline_s)
-    text = chat.decode(out.token_ids)
+    text = prefill + chat.decode(out.token_ids)
     return Design(
         design_id=f"d-{uuid.uuid4().hex[:12]}", doc_id=doc_id, chunk_id=chunk_id,
         policy_version=policy_version, model=model, text=text, code=extract_code(text),

@@ -89,9 +89,12 @@ async def test_one_iteration_regret_advantages_and_batch_by_hand(fake, tmp_path)
     assert [s.advantage for s in by_reward] == pytest.approx([-1.0, 1.0], abs=1e-5)
     good = by_reward[1]
     assert good.env_id == env_id
-    # The designer sample is token-exact: prompt (mask 0) + the scripted reply + eos (mask 1).
+    # The designer sample is token-exact: prompt + the prefill that opens the code block
+    # (mask 0), then the scripted reply + eos (mask 1).
     completion = [t for t, m in zip(good.token_ids, good.loss_mask, strict=True) if m]
-    assert completion == chat.encode(f"```python\n{ENV_CODE}```") + [chat.tok.eos_token_id]
+    assert completion == chat.encode(f"{ENV_CODE}```") + [chat.tok.eos_token_id]
+    prompt_part = good.token_ids[: len(good.token_ids) - len(completion)]
+    assert list(prompt_part[-len(chat.encode("```python\n")):]) == chat.encode("```python\n")
     assert list(good.token_ids[: len(good.token_ids) - len(completion)]) == (
         server.state.completions[0]["prompt"] if "Designer" in chat.tok.decode(
             server.state.completions[0]["prompt"]) else server.state.completions[1]["prompt"])

@@ -151,3 +151,19 @@ def test_cli_validate_verdicts_and_exit_codes(tmp_path):
     assert res.exit_code == 1 and "FAIL not_exploitable" in res.stdout, res.output
     res = runner.invoke(app, ["env", "validate", str(tmp_path / "missing.py")])
     assert res.exit_code == 2 and "cannot read environment file" in res.output
+
+
+async def test_progress_orders_designs_by_how_far_they_got(sandbox):
+    lines = GOOD.splitlines()
+    n = len(lines)
+    early = "\n".join(["def f(:"] + lines[1:])  # a syntax error on line 1
+    late = "\n".join(lines[: n - 2] + ["    def g(:"] + lines[n - 1:])  # near the end
+    bad_import = "import socket\n" + GOOD
+    reports = {name: await validate(code, sandbox) for name, code in (
+        ("early", early), ("late", late), ("import", bad_import), ("good", GOOD))}
+    p = {k: r.progress for k, r in reports.items()}
+    assert reports["early"].failures[0].name == "static.parse"
+    assert reports["late"].failures[0].name == "static.parse"
+    # Nothing before the first line: only static.size passed (1 of 12 checks).
+    assert p["early"] == pytest.approx(1 / 12)
+    assert p["early"] < p["late"] < 2 / 12 < p["import"] < p["good"] == 1.0

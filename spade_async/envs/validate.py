@@ -47,6 +47,7 @@ class Check:
     name: str
     passed: bool | None  # None: skipped
     reason: str = ""
+    credit: float = 0.0  # a failed check's partial progress in [0, 1) (a syntax error's line)
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,15 @@ class ValidationReport:
     meta: EnvMeta | None = None
     seconds: float = 0.0
     probe_scores: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def progress(self) -> float:
+        """Share of the whole pipeline's checks passed, plus a failed check's partial credit:
+        the dense signal behind `regret.invalid_partial_credit`. The denominator is every check
+        there is, so failing early always scores below failing late."""
+        passed = sum(c.passed is True for c in self.checks)
+        credit = sum(c.credit for c in self.checks if c.passed is False)
+        return min(1.0, (passed + credit) / len(ALL_CHECKS))
 
     @property
     def failures(self) -> list[Check]:
@@ -78,6 +88,12 @@ class ValidationReport:
         }
 
 
+STATIC_CHECKS = ("static.size", "static.parse", "static.imports", "static.names",
+                 "static.class")
+SANDBOXED_CHECKS = ("load", "determinism", "hint", "types", "termination", "not_exploitable",
+                    "solution")
+ALL_CHECKS = STATIC_CHECKS + SANDBOXED_CHECKS
+
 # ---- static ------------------------------------------------------------------------------
 
 
@@ -89,7 +105,10 @@ def static_checks(code: str, max_bytes: int) -> list[Check]:
     try:
         tree = ast.parse(code)
     except SyntaxError as exc:
-        checks.append(Check("static.parse", False, f"SyntaxError: {exc.msg} (line {exc.lineno})"))
+        lines = code.count("\n") + 1
+        before = max(0, min((exc.lineno or 1) - 1, lines)) / lines
+        checks.append(Check("static.parse", False, f"SyntaxError: {exc.msg} (line {exc.lineno})",
+                            credit=min(before, 0.99)))
         return checks
     checks.append(Check("static.parse", True))
 
@@ -173,8 +192,7 @@ async def validate(code: str, sandbox: Sandbox, vcfg: ValidationConfig | None = 
     scfg = scfg or sandbox.cfg
     t0 = time.perf_counter()
     checks = static_checks(code, scfg.max_code_bytes)
-    sandboxed = ("load", "determinism", "hint", "types", "termination", "not_exploitable",
-                 "solution")
+    sandboxed = SANDBOXED_CHECKS
     if any(c.passed is False for c in checks):
         checks += [Check(n, None, "static checks failed") for n in sandboxed]
         return ValidationReport(False, tuple(checks), seconds=time.perf_counter() - t0)

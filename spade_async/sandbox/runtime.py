@@ -517,6 +517,9 @@ class Sandbox:
         worker.start_kill()
         self._dying.append(worker)
         self._collect()
+        # Wake every waiter even if the slot is not clean yet: one that saw no dying worker
+        # sleeps on the event alone, and must switch to polling the teardown.
+        self._notify()
 
     @asynccontextmanager
     async def open(self, code: str) -> AsyncIterator[EnvSession]:

@@ -58,6 +58,8 @@ class Script:
             self.by_doc[key] = self.by_doc.get(key, 0) + 1
             code = ENV_CODE.replace('"countdown"', f'"countdown_{key}"') if key else ENV_CODE
             reply = f"```python\n{code}```" if self.by_doc[key] == 1 else "I can't write that."
+            if text.endswith("```python\n"):  # the designer opened the block (prefill)
+                reply = reply.removeprefix("```python\n")
         else:
             number = re.findall(r"say (\d+)", text)[-1]
             reply = number if "Privileged hint" in text else "0"
