@@ -407,15 +407,21 @@ def _trainer_progress(cfg: SpadeConfig) -> dict:
             lines = f.read().decode(errors="replace").splitlines()
     except OSError:
         lines = []
-    for raw in reversed(lines):
+    events = []
+    for raw in lines:
         try:
-            last = json.loads(raw)
+            events.append(json.loads(raw))
         except ValueError:
-            continue
-        out.update(step=last.get("step"), loss=last.get("loss"),
-                   tokens_per_s=last.get("tokens_per_s"),
+            continue  # the first line of the window may be cut
+    if events:
+        last = events[-1]
+        out.update(step=last.get("step"), last_event=last.get("event"),
                    last_event_age_s=round(time.time() - float(last.get("time", 0)), 1))
-        break
+    steps = [e for e in events if e.get("event") == "step"]
+    if steps:
+        out.update(loss=steps[-1].get("loss"), tokens_per_s=steps[-1].get("tokens_per_s"),
+                   staleness_mean=steps[-1].get("staleness_mean"),
+                   logprob_abs_diff_mean=steps[-1].get("logprob_abs_diff_mean"))
     return out
 
 
