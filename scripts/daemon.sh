@@ -4,8 +4,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1
 cfg=${SPADE_CONFIG:-configs/embedded.toml}
-for _ in $(seq 600); do
-  .venv/bin/spade endpoints check --config "$cfg" --json >/dev/null 2>&1 && break
-  sleep 1
-done
+bash scripts/wait-endpoints.sh "$cfg"
 exec .venv/bin/spade run --config "$cfg" "$@"

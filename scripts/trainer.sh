@@ -7,11 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1
 cfg=${SPADE_CONFIG:-configs/embedded.toml}
-# Publishing needs the servers up; the trainer itself would retry, but start in step with them.
-for _ in $(seq 600); do
-  .venv/bin/spade endpoints check --config "$cfg" --json >/dev/null 2>&1 && break
-  sleep 1
-done
+bash scripts/wait-endpoints.sh "$cfg"
 nproc=${SPADE_TRAIN_NPROC:-1}
 if [ "$nproc" -gt 1 ]; then
   exec .venv/bin/torchrun --standalone --nproc-per-node "$nproc" -m trainer --config "$cfg" "$@"

@@ -390,16 +390,17 @@ def _trainer_progress(cfg: SpadeConfig) -> dict:
             return {}
         return data if isinstance(data, dict) else {}
 
+    from spade_async.spool import FileSpool
+    from trainer.config import trainer_root
+
     data = cfg.paths.data_dir
-    spool = data / "spool"
-    out: dict = {
-        "last_seq": int(read(spool / "state.json").get("last_seq", 0)),
-        "taken_seq": max(int(read(spool / "taken.json").get("taken_seq", 0)),
-                         int(read(spool / "acked.json").get("acked_seq", 0))),
-        "published_version": int(read(data / "weights" / "current.json").get("version", 0)),
-        "step": None,
-    }
-    metrics = (cfg.trainer.checkpoint_dir or data / "trainer") / "metrics.jsonl"
+    out: dict = {"last_seq": 0, "taken_seq": 0, "step": None,
+                 "published_version": int(read(data / "weights" / "current.json")
+                                          .get("version", 0))}
+    if (data / "spool").is_dir():  # a read command creates nothing
+        spool = FileSpool(data / "spool")
+        out.update(last_seq=spool.last_seq(), taken_seq=spool.taken_seq())
+    metrics = trainer_root(cfg, cfg.trainer) / "metrics.jsonl"
     try:
         with open(metrics, "rb") as f:
             f.seek(0, 2)

@@ -189,13 +189,11 @@ class Daemon:
         ahead_max = self.cfg.daemon.max_batches_ahead
         if not ahead_max:
             return
-        waited = False
         while not self._stopping:
             ahead = self.spool.last_seq() - self.spool.taken_seq()
             if ahead < ahead_max:
                 break
-            if not waited:
-                waited = True
+            if not self.waiting_for_trainer:
                 self.waiting_for_trainer = True
                 self.counters["trainer_waits"] += 1
                 log.info("waiting_for_trainer", batches_ahead=ahead, max_batches_ahead=ahead_max)

@@ -524,9 +524,7 @@ class FileSpool(BatchSpool):
         _write_json_atomic(self.dir / _ACK_FILE, {"acked_seq": seq})
 
     def mark_taken(self, seq: int) -> None:
-        tmp = self.dir / f".{_TAKEN_FILE}.tmp"
-        tmp.write_text(json.dumps({"taken_seq": int(seq)}))
-        os.replace(tmp, self.dir / _TAKEN_FILE)  # atomic; no fsync: it is only progress
+        _write_json_atomic(self.dir / _TAKEN_FILE, {"taken_seq": int(seq)})
 
     def taken_seq(self) -> int:
         return max(int(self._read_json(_TAKEN_FILE).get("taken_seq", 0)), self.acked_seq())

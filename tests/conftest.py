@@ -7,9 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from spade_async.chat_tokens import ChatTokens
 from spade_async.endpoints.launch import REPO, InferenceProcess, LaunchError, start_inference
 from spade_async.logs import configure_logging
-from spade_async.testing.fake_openai import _free_port
+from spade_async.testing.fake_openai import FakeOpenAIServer, _free_port
+from spade_async.testing.scripted import Script
 
 configure_logging("info", json=False, force=True)  # logs to stderr, never into --json stdout
 
@@ -38,3 +40,17 @@ def vllm_server(checkpoint, tmp_path_factory) -> InferenceProcess:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture
+def fake(checkpoint):
+    """The fake endpoint answering as the scripted policy (designer and agent), and the
+    chat tokenizer it speaks."""
+    chat = ChatTokens.from_pretrained(checkpoint)
+    server = FakeOpenAIServer()
+    server.state.script = Script(chat)
+    server.state.decode = chat.decode
+    server.state.eos_token_id = chat.tok.eos_token_id
+    server.start()
+    yield server, chat
+    server.stop()

@@ -9,7 +9,6 @@ import json
 import anyio
 import pytest
 
-from spade_async.chat_tokens import ChatTokens
 from spade_async.config import (
     DaemonConfig,
     EndpointConfig,
@@ -24,21 +23,8 @@ from spade_async.daemon import Daemon
 from spade_async.endpoints.pool import EndpointPool
 from spade_async.sandbox.runtime import Sandbox
 from spade_async.spool import FileSpool
-from spade_async.testing.fake_openai import FakeOpenAIServer
 from spade_async.testing.memory import DictMemory
 from spade_async.testing.scripted import ENV_CODE, Script
-
-
-@pytest.fixture
-def fake(checkpoint):
-    chat = ChatTokens.from_pretrained(checkpoint)
-    server = FakeOpenAIServer()
-    server.state.script = Script(chat)
-    server.state.decode = chat.decode
-    server.state.eos_token_id = chat.tok.eos_token_id
-    server.start()
-    yield server, chat
-    server.stop()
 
 
 def _config(tmp_path, server) -> SpadeConfig:

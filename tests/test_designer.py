@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from spade_async.chat_tokens import ChatTokens
 from spade_async.config import EndpointConfig, PoolConfig
 from spade_async.designer import design, designer_messages, extract_code
 from spade_async.endpoints.pool import EndpointPool
-from spade_async.testing.fake_openai import FakeOpenAIServer
-from spade_async.testing.scripted import ENV_CODE, Script
+from spade_async.testing.scripted import ENV_CODE
 
 
 def test_extracts_the_last_parsable_environment_block():
@@ -30,21 +28,13 @@ def test_prompt_carries_contract_examples_and_excerpt():
 
 
 @pytest.mark.parametrize("prefill", ["```python\n", ""])
-async def test_prefill_opens_the_reply_as_prompt_tokens(checkpoint, prefill):
-    chat = ChatTokens.from_pretrained(checkpoint)
-    server = FakeOpenAIServer()
-    server.state.script = Script(chat)
-    server.state.decode = chat.decode
-    server.state.eos_token_id = chat.tok.eos_token_id
-    server.start()
-    try:
-        async with EndpointPool([EndpointConfig(name="f", base_url=server.base_url)],
-                                PoolConfig()) as pool:
-            d = await design(pool, chat, doc_id="d", chunk_id="d#0", excerpt="Countdowns.",
-                             examples=[], model="policy", policy_version=0, max_tokens=512,
-                             temperature=1.0, max_seq_len=4096, deadline_s=30, prefill=prefill)
-    finally:
-        server.stop()
+async def test_prefill_opens_the_reply_as_prompt_tokens(fake, prefill):
+    server, chat = fake
+    async with EndpointPool([EndpointConfig(name="f", base_url=server.base_url)],
+                            PoolConfig()) as pool:
+        d = await design(pool, chat, doc_id="d", chunk_id="d#0", excerpt="Countdowns.",
+                         examples=[], model="policy", policy_version=0, max_tokens=512,
+                         temperature=1.0, max_seq_len=4096, deadline_s=30, prefill=prefill)
     assert d.code is not None and d.code.strip() == ENV_CODE.strip()
     assert d.text.startswith("```python\n")
     sent = server.state.completions[0]["prompt"]

@@ -15,26 +15,9 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-
-from spade_async.chat_tokens import ChatTokens
-from spade_async.testing.fake_openai import FakeOpenAIServer
 from spade_async.testing.scripted import Script
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture
-def scripted(checkpoint):
-    chat = ChatTokens.from_pretrained(checkpoint)
-    server = FakeOpenAIServer()
-    server.state.script = Script(chat, per_document=True)
-    server.state.decode = chat.decode
-    server.state.eos_token_id = chat.tok.eos_token_id
-    server.state.token_latency_s = 0.002
-    server.start()
-    yield server
-    server.stop()
 
 
 def _config(tmp: Path, base_url: str, checkpoint: Path) -> Path:
@@ -96,7 +79,10 @@ def _steps(metrics: Path) -> list[dict]:
 
 
 def test_procfile_trainer_consumes_daemon_batches_and_daemon_samples_new_versions(
-        scripted, checkpoint, tmp_path):
+        fake, checkpoint, tmp_path):
+    scripted, chat = fake
+    scripted.state.script = Script(chat, per_document=True)  # every document makes a batch
+    scripted.state.token_latency_s = 0.002
     cfg = _config(tmp_path, scripted.base_url, checkpoint)
     data = tmp_path / "data"
     env = dict(os.environ, HF_HUB_OFFLINE="1", SPADE_CONFIG=str(cfg),

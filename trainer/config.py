@@ -105,9 +105,9 @@ class TrainerConfig(BaseModel):
         return self
 
 
-def trainer_config(cfg: Any) -> TrainerConfig:
-    """The trainer section of the main config tree (the defaults for a bare object)."""
-    return getattr(cfg, "trainer", None) or TrainerConfig()
+def trainer_root(cfg: Any, tcfg: TrainerConfig) -> Path:
+    """Checkpoints and metrics.jsonl: `trainer.checkpoint_dir`, default data_dir/trainer."""
+    return tcfg.checkpoint_dir or cfg.paths.data_dir / "trainer"
 
 
 def load_trainer_config(path: str | Path) -> TrainerConfig:

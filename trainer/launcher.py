@@ -17,7 +17,7 @@ from pathlib import Path
 
 from spade_async.config import ConfigError, load_config
 from spade_async.logs import configure_logging, get_logger
-from trainer.config import TrainerConfigError, load_trainer_config, trainer_config
+from trainer.config import TrainerConfigError, load_trainer_config
 
 log = get_logger("trainer.launcher")
 
@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = load_config(args.config)
         tcfg = (load_trainer_config(args.trainer_config) if args.trainer_config
-                else trainer_config(cfg))
+                else cfg.trainer)
     except (ConfigError, TrainerConfigError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

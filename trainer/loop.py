@@ -31,7 +31,7 @@ from spade_async.config import SpadeConfig, checkpoint_dir
 from spade_async.logs import get_logger
 from spade_async.spool import Batch, FileSpool, SpoolError
 from trainer.checkpoint import Checkpointer, TrainerState, fsync_dir
-from trainer.config import TrainerConfig
+from trainer.config import TrainerConfig, trainer_root
 from trainer.data import (
     Selection,
     TrainSample,
@@ -70,10 +70,6 @@ from trainer.publish import (
 log = get_logger("trainer")
 
 STOP, WAIT = -1, 0
-
-
-def trainer_root(cfg: SpadeConfig, tcfg: TrainerConfig) -> Path:
-    return tcfg.checkpoint_dir or cfg.paths.data_dir / "trainer"
 
 
 def base_model_dir(cfg: SpadeConfig, tcfg: TrainerConfig) -> Path:

@@ -97,23 +97,12 @@ async def _measure(base_url: str, model_dir: Path, streams: int, max_tokens: int
 def run_inference_bench(model_dir: Path, *, base_url: str | None, streams: int = 16,
                         max_tokens: int = 128, swaps: int = 3,
                         progress: Callable[[str], None] = lambda _m: None) -> dict[str, Any]:
-    from spade_async.endpoints.launch import start_inference
-    from spade_async.testing.fake_openai import _free_port
+    from spade_async.endpoints.launch import serving
 
-    server = None
     report: dict[str, Any] = {"model_dir": str(model_dir)}
-    with tempfile.TemporaryDirectory(prefix="spade-bench-vllm-") as tmp:
-        try:
-            if base_url is None:
-                progress("starting vLLM through scripts/inference.sh")
-                server = start_inference(_free_port(), model_dir, Path(tmp) / "server.log",
-                                         progress=progress)
-                base_url = server.base_url
-                report["start_s"] = round(server.start_seconds, 1)
-            report["base_url"] = base_url
-            report.update(anyio.run(_measure, base_url, model_dir, streams, max_tokens, swaps,
-                                    progress))
-        finally:
-            if server is not None:
-                server.stop()
+    with serving(model_dir, base_url, progress=progress) as (url, start_s):
+        if start_s is not None:
+            report["start_s"] = round(start_s, 1)
+        report["base_url"] = url
+        report.update(anyio.run(_measure, url, model_dir, streams, max_tokens, swaps, progress))
     return report

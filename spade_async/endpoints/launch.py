@@ -4,10 +4,13 @@ the daemon never starts servers itself (the Procfile does)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -92,3 +95,24 @@ def start_inference(
         raise LaunchError(f"{exc}:\n{server.tail()}") from None
     server.start_seconds = time.perf_counter() - t0
     return server
+
+
+@contextlib.contextmanager
+def serving(model_dir: Path, base_url: str | None = None, *,
+            progress=None) -> Iterator[tuple[str, float | None]]:
+    """(base_url, start seconds) of the given server, or of one started here for the block
+    (start seconds None for a given one). What every benchmark that needs vLLM does."""
+    if base_url is not None:
+        yield base_url, None
+        return
+    from spade_async.testing.fake_openai import _free_port
+
+    with tempfile.TemporaryDirectory(prefix="spade-vllm-") as tmp:
+        if progress is not None:
+            progress("starting vLLM through scripts/inference.sh")
+        server = start_inference(_free_port(), model_dir, Path(tmp) / "server.log",
+                                 progress=progress)
+        try:
+            yield server.base_url, server.start_seconds
+        finally:
+            server.stop()

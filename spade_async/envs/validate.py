@@ -192,9 +192,8 @@ async def validate(code: str, sandbox: Sandbox, vcfg: ValidationConfig | None = 
     scfg = scfg or sandbox.cfg
     t0 = time.perf_counter()
     checks = static_checks(code, scfg.max_code_bytes)
-    sandboxed = SANDBOXED_CHECKS
     if any(c.passed is False for c in checks):
-        checks += [Check(n, None, "static checks failed") for n in sandboxed]
+        checks += [Check(n, None, "static checks failed") for n in SANDBOXED_CHECKS]
         return ValidationReport(False, tuple(checks), seconds=time.perf_counter() - t0)
 
     meta: EnvMeta | None = None
@@ -289,10 +288,10 @@ async def validate(code: str, sandbox: Sandbox, vcfg: ValidationConfig | None = 
         else:
             _record_failure(results, exc)
 
-    for name in sandboxed:
+    for name in SANDBOXED_CHECKS:
         if name not in results:
             results[name] = Check(name, None, "not run: an earlier check failed")
-    checks += [results[n] for n in sandboxed]
+    checks += [results[n] for n in SANDBOXED_CHECKS]
     accepted = all(c.passed is not False for c in checks) and results["load"].passed is True
     return ValidationReport(accepted, tuple(checks), meta, time.perf_counter() - t0, probe_scores)
 
