@@ -56,9 +56,42 @@ def _config(path: Path) -> SpadeConfig:
 
 
 @app.command("config")
-def show_config(config: Path = ConfigOpt) -> None:
+def show_config(
+    config: Path = ConfigOpt,
+    shell: bool = typer.Option(False, "--shell", help="print the inference server's settings "
+                               "as shell assignments (scripts/inference.sh evals them)"),
+    endpoint: str = typer.Option(None, "--endpoint", help="with --shell: the endpoint this "
+                                 "host serves (default: the first)"),
+) -> None:
     """Validate a config file and print the resolved tree as JSON."""
-    typer.echo(_config(config).model_dump_json(indent=2))
+    cfg = _config(config)
+    if not shell:
+        typer.echo(cfg.model_dump_json(indent=2))
+        return
+    import shlex
+    from urllib.parse import urlsplit
+
+    from spade_async.config import VllmLoraSwap, checkpoint_dir
+
+    eps = [e for e in cfg.endpoints if endpoint in (None, e.name)]
+    if not eps:
+        typer.echo(f"error: {config}: no endpoint named {endpoint!r}" if endpoint else
+                   f"error: {config}: no [[endpoints]] to serve", err=True)
+        raise typer.Exit(2)
+    url = urlsplit(eps[0].base_url)
+    swap = eps[0].weight_swap
+    values = {
+        "cfg_model_dir": checkpoint_dir(cfg),
+        "cfg_served_name": cfg.model.served_name,
+        "cfg_host": url.hostname or "127.0.0.1",
+        "cfg_port": url.port or (443 if url.scheme == "https" else 80),
+        "cfg_max_model_len": cfg.rollout.max_seq_len,
+        # vLLM accepts only these --max-lora-rank values; the adapter's rank must fit.
+        "cfg_max_lora_rank": min(r for r in (8, 16, 32, 64, 128, 256, 320, 512)
+                                 if r >= cfg.trainer.lora_rank),
+        "cfg_max_loras": swap.max_loaded_adapters if isinstance(swap, VllmLoraSwap) else 1,
+    }
+    typer.echo("\n".join(f"{k}={shlex.quote(str(v))}" for k, v in values.items()))
 
 
 @model_app.command("prepare")
@@ -353,30 +386,69 @@ def status(config: Path = ConfigOpt, as_json: bool = JsonOpt) -> None:
     if as_json:
         typer.echo(json.dumps(st, indent=2))
         return
-    c = st.get("counters", {})
-    typer.echo(f"daemon pid {st.get('pid')}: {'running' if st['running'] else 'not running'}, "
-               f"updated {st['age_s']}s ago, up {st.get('uptime_s')}s")
-    typer.echo(f"policy version {st.get('policy_version')} (model {st.get('model')}), "
-               f"iterations {st.get('iterations')}")
-    typer.echo(f"designs {c.get('designs', 0)}: accepted {c.get('designs_accepted', 0)}, "
-               f"invalid {c.get('designs_invalid', 0)}, duplicate {c.get('designs_duplicate', 0)}")
-    if st.get("rejection_reasons"):
-        typer.echo("rejections: " + ", ".join(f"{k} {v}" for k, v in
-                                              sorted(st["rejection_reasons"].items())))
+    typer.echo("\n".join(_status_lines(st, cfg)) + "\n")
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "?"
+    s = int(seconds)
+    return f"{s // 3600}h{s // 60 % 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+def _status_lines(st: dict, cfg: SpadeConfig) -> list[str]:
+    """`spade status` at a glance: one line per part of the loop."""
+    c, t = st.get("counters", {}), st["trainer"]
+    state = "running" if st["running"] else ("stopped" if st.get("stopped") else "not running")
+    if st.get("stop_reason") and not st["running"]:
+        state += f" ({st['stop_reason']})"
+    lines = [f"daemon     pid {st.get('pid')} {state}, up {_duration(st.get('uptime_s'))}, "
+             f"status {st['age_s']}s old, {st.get('iterations')} documents done"]
+    lines.append(f"policy     in use v{st.get('policy_version')} ({st.get('model')}), published "
+                 f"v{t['published_version']}, this run started on v{st.get('start_version', 0)}")
+    for ep in st.get("endpoints", []):
+        mean = ep.get("saturation_mean_60s")
+        lines.append(f"endpoint   {ep['name']} {'up' if ep['up'] else 'DOWN'} {ep['base_url']}: "
+                     f"{ep['in_flight']}/{ep['max_concurrency']} in flight "
+                     f"({ep['saturation']:.0%} now"
+                     + (f", {mean:.0%} mean over 60 s" if mean is not None else "")
+                     + f"), swap {ep['weight_swap']}")
+    reasons = ", ".join(f"{k} {v}" for k, v in sorted(st.get("rejection_reasons", {}).items(),
+                                                      key=lambda kv: -kv[1]))
+    rejected = c.get("designs_invalid", 0) + c.get("designs_duplicate", 0)
+    lines.append(f"designs    {c.get('designs', 0)} proposed: {c.get('designs_accepted', 0)} "
+                 f"accepted, {rejected} rejected" + (f" ({reasons})" if reasons else "")
+                 + (f"; {c['design_request_failed']} requests failed"
+                    if c.get("design_request_failed") else ""))
+    lines.append(f"episodes   {c.get('episodes', 0)} ({c.get('episodes_unhinted', 0)} unhinted, "
+                 f"{c.get('episodes_hinted', 0)} hinted, {c.get('episode_errors', 0)} errors), "
+                 f"{c.get('tokens_sampled', 0)} tokens sampled, {c.get('replays', 0)} replays")
     r = st.get("regret", {})
-    typer.echo(f"episodes {c.get('episodes', 0)}, sampled tokens {c.get('tokens_sampled', 0)}, "
-               f"regret mean {r.get('mean')} over {r.get('n')} envs")
-    typer.echo(f"batches {c.get('batches', 0)} ({c.get('samples', 0)} samples); in flight "
-               f"{st.get('in_flight')}; endpoints {st.get('endpoint_in_flight')}")
-    t = st["trainer"]
-    line = (f"trainer: taken {t['taken_seq']} of {t['last_seq']} batches, published version "
-            f"{t['published_version']}")
-    if t.get("step") is not None:
-        line += (f", step {t['step']} {t['last_event_age_s']}s ago (loss {t.get('loss')}, "
-                 f"{t.get('tokens_per_s')} tok/s)")
-    if st.get("waiting_for_trainer"):
-        line += "; the daemon waits for it (daemon.max_batches_ahead)"
-    typer.echo(line)
+    if r.get("n"):
+        lines.append(f"regret     {r['n']} envs: mean {r['mean']}, p10 {r['p10']}, p50 "
+                     f"{r['p50']}, p90 {r['p90']}, max {r['max']}; histogram over [0,1] "
+                     f"{r.get('histogram')}")
+    else:
+        lines.append("regret     no environment played yet")
+    inf = st.get("in_flight", {})
+    waiting = max(0, t["last_seq"] - t["taken_seq"])
+    ahead = cfg.daemon.max_batches_ahead
+    lines.append(f"queues     env queue {st.get('env_queue_depth', 0)}/{st.get('env_queue_size', '?')}"
+                 f", spool {waiting} batches waiting for the trainer"
+                 + (f" (max {ahead}{', the daemon waits' if st.get('waiting_for_trainer') else ''})"
+                    if ahead else "")
+                 + f"; in flight: designs {inf.get('designs', 0)}, validations "
+                 f"{inf.get('validations', 0)}, episodes {inf.get('episodes', 0)}")
+    lines.append(f"batches    {c.get('batches', 0)} written ({c.get('samples', 0)} samples, "
+                 f"{c.get('samples_stale_dropped', 0)} dropped as stale)")
+    if t.get("step") is None:
+        lines.append(f"trainer    no step yet; taken {t['taken_seq']} of {t['last_seq']} batches")
+    else:
+        lines.append(f"trainer    step {t['step']} ({t.get('last_event')} {t['last_event_age_s']}s"
+                     f" ago), taken {t['taken_seq']} of {t['last_seq']} batches, loss "
+                     f"{t.get('loss')}, {t.get('tokens_per_s')} tok/s, staleness "
+                     f"{t.get('staleness_mean')}, |dlogp| {t.get('logprob_abs_diff_mean')}")
+    return lines
 
 
 def _trainer_progress(cfg: SpadeConfig) -> dict:
@@ -509,6 +581,29 @@ def bench_trainer(
                        f"{p['swap_s_median']:.3f} s)")
 
 
+@app.command("report")
+def report(
+    config: Path = ConfigOpt,
+    out: Path = typer.Option(None, "--out", help="directory for the PNGs and index.html "
+                             "(default <data_dir>/report)"),
+    as_json: bool = JsonOpt,
+) -> None:
+    """Plots of a run (live or finished): regret and solve rates, acceptance and rejection
+    reasons, memory diversity, the embedding map, trainer loss and log-prob mismatch,
+    held-out scores; PNG files plus one HTML page that holds them."""
+    from spade_async.report import write_report
+
+    cfg = _config(config)
+    out = out or cfg.paths.data_dir / "report"
+    s = write_report(cfg, out, progress=lambda m: typer.echo(f"[report] {m}", err=True))
+    if as_json:
+        typer.echo(json.dumps(s, indent=2))
+        return
+    typer.echo(f"{s['designs']} designs ({s['accepted']} accepted), {s['episodes']} episodes, "
+               f"{s['trainer_steps']} trainer steps, versions {s['versions_published']}")
+    typer.echo(f"report: {out / 'index.html'}")
+
+
 @app.command("run")
 def run(
     config: Path = ConfigOpt,
@@ -557,21 +652,23 @@ def run(
                 async def on_signals() -> None:
                     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
                         async for sig in signals:
-                            if daemon._stopping:
+                            if daemon.stop_requested.is_set():
                                 log.warning("second_signal_cancelling", signal=sig.name)
                                 tg.cancel_scope.cancel()
                                 return
-                            log.info("draining", signal=sig.name,
-                                     timeout_s=cfg.daemon.drain_timeout_s)
-                            daemon.stop()
-                            tg.start_soon(deadline)
+                            daemon.stop(f"signal {sig.name}")
 
                 async def deadline() -> None:
+                    # A signal or a bounded run's end asks for the drain; it gets this long.
+                    await daemon.stop_requested.wait()
+                    log.info("draining", reason=daemon.stop_reason,
+                             timeout_s=cfg.daemon.drain_timeout_s)
                     await anyio.sleep(cfg.daemon.drain_timeout_s)
                     log.warning("drain_deadline_passed")
                     tg.cancel_scope.cancel()
 
                 tg.start_soon(on_signals)
+                tg.start_soon(deadline)
                 await daemon.run(max_iterations)
                 tg.cancel_scope.cancel()
 

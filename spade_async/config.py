@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import tomllib
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -74,6 +74,9 @@ class PoolConfig(_Strict):
 
 class PathsConfig(_Strict):
     data_dir: Path = Field(Path(".data"), description="checkpoints, memory, spool (outside git)")
+    models_dir: Path | None = Field(None, description="where prepared checkpoints live; default "
+                                    "<data_dir>/models (runs with their own data_dir can share "
+                                    "one prepared model)")
 
 
 class ModelConfig(_Strict):
@@ -173,6 +176,14 @@ class DaemonConfig(_Strict):
         0, ge=0, description="back-pressure from the trainer: start no new document while this "
         "many written batches wait for it (the spool's taken mark); documents in flight still "
         "finish. 0: never wait (a daemon run without a trainer)")
+    bootstrap_seeds: bool = Field(False, description="when the memory holds no accepted "
+                                  "environment, validate and store the built-in seed "
+                                  "environments first: designer examples and replay material")
+    stop_after_versions: int = Field(0, ge=0, description="bounded run: stop by itself (drain, "
+                                     "exit 0) once it has sampled with a policy this many "
+                                     "versions newer than the one it started on: an agent "
+                                     "episode finished on it (a design, while nothing has been "
+                                     "there to play). 0: run until stopped")
     status_interval_s: float = Field(2.0, gt=0, description="how often status.json is written")
     drain_timeout_s: float = Field(60.0, gt=0, description="on SIGTERM/SIGINT, time to finish "
                                    "in-flight work before cancelling it")
@@ -201,18 +212,59 @@ ENV_PREFIX = "SPADE__"
 
 
 def _apply_env_overrides(data: dict, environ: dict[str, str]) -> dict:
-    """SPADE__MODEL__SERVED_NAME=x sets data["model"]["served_name"] = "x" (validated later)."""
-    for key, value in environ.items():
+    """SPADE__MODEL__SERVED_NAME=x sets data["model"]["served_name"] = "x" (validated later);
+    a number indexes a list of tables: SPADE__ENDPOINTS__0__BASE_URL=http://h:8001."""
+    for key, value in sorted(environ.items()):
         if not key.startswith(ENV_PREFIX):
             continue
         parts = [p.lower() for p in key[len(ENV_PREFIX) :].split("__")]
-        node = data
-        for part in parts[:-1]:
-            node = node.setdefault(part, {})
-            if not isinstance(node, dict):
-                raise ConfigError(f"env override {key}: {part} is not a section")
-        node[parts[-1]] = value
+        node: Any = data
+        for i, part in enumerate(parts):
+            last = i == len(parts) - 1
+            if isinstance(node, list):
+                if not part.isdigit() or int(part) >= len(node):
+                    raise ConfigError(f"env override {key}: '{part}' is not an index of "
+                                      f"{'.'.join(parts[:i])} (it has {len(node)} entries)")
+                if last:
+                    raise ConfigError(f"env override {key}: names a whole table, not a key")
+                node = node[int(part)]
+            elif isinstance(node, dict):
+                if last:
+                    node[part] = value
+                else:
+                    node = node.setdefault(part, {})
+            else:
+                raise ConfigError(f"env override {key}: {'.'.join(parts[:i])} is not a section")
     return data
+
+
+def _merge(base: dict, over: dict) -> dict:
+    """`over` on top of `base`: tables merge key by key; anything else (arrays included,
+    so [[endpoints]] is replaced whole) takes the overriding value."""
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def _read_toml(path: Path, chain: tuple[Path, ...] = ()) -> dict:
+    """A config file with its `extends = "other.toml"` chain resolved (relative to the file)."""
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        what = f"extended by {chain[-1]}" if chain else "config file"
+        raise ConfigError(f"{path}: {what} not found") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    parent = data.pop("extends", None)
+    if parent is None:
+        return data
+    if not isinstance(parent, str):
+        raise ConfigError(f"{path}: bad value for 'extends': a path to another config file")
+    base_path = (path.parent / parent).resolve()
+    if base_path in chain or base_path == path.resolve():
+        raise ConfigError(f"{path}: 'extends' makes a cycle through {base_path.name}")
+    return _merge(_read_toml(base_path, (*chain, path.resolve())), data)
 
 
 # pydantic puts the discriminator tag into an error's location; it is not a key of the file.
@@ -226,12 +278,7 @@ def _key_path(loc: tuple) -> str:
 
 def load_config(path: str | Path, environ: dict[str, str] | None = None) -> SpadeConfig:
     path = Path(path)
-    try:
-        data = tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: config file not found") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    data = _read_toml(path)
     data = _apply_env_overrides(data, dict(os.environ if environ is None else environ))
     try:
         return SpadeConfig.model_validate(data)
@@ -250,4 +297,4 @@ def run_dir(cfg: SpadeConfig) -> Path:
 
 def checkpoint_dir(cfg: SpadeConfig) -> Path:
     """Where `spade model prepare` writes the HF checkpoint that vLLM and the trainer load."""
-    return cfg.paths.data_dir / "models" / cfg.model.checkpoint_name
+    return (cfg.paths.models_dir or cfg.paths.data_dir / "models") / cfg.model.checkpoint_name

@@ -22,7 +22,7 @@ import os
 import random
 import time
 import uuid
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -69,6 +69,24 @@ class MemoryPort(Protocol):
                           regret: EnvRegret, replayed: bool) -> None: ...
 
     async def sample_replay(self) -> StoredEnv | None: ...
+
+    async def accepted_count(self) -> int: ...
+
+
+def regret_distribution(regrets: list[float]) -> dict[str, Any]:
+    """n, mean, quantiles and a 5-bin histogram over [0, 1] of sorted per-env regrets."""
+    if not regrets:
+        return {"n": 0, "mean": None, "p10": None, "p50": None, "p90": None, "max": None,
+                "histogram": [0] * 5}
+
+    def q(p: float) -> float:
+        return round(regrets[min(len(regrets) - 1, int(p * len(regrets)))], 4)
+
+    hist = [0] * 5
+    for r in regrets:
+        hist[min(4, max(0, int(r * 5)))] += 1
+    return {"n": len(regrets), "mean": round(sum(regrets) / len(regrets), 4), "p10": q(0.1),
+            "p50": q(0.5), "p90": q(0.9), "max": round(regrets[-1], 4), "histogram": hist}
 
 
 class PolicyVersion:
@@ -130,9 +148,13 @@ class Daemon:
         self.iterations = 0
         self.started = time.time()
         self.in_flight: Counter[str] = Counter()
-        self._episodes_file = run_dir / "episodes.jsonl"
+        self._load_samples: dict[str, deque[float]] = {}  # endpoint saturation, last minute
         self._rng = random.Random(cfg.corpus.seed)
         self._stopping = False
+        self.stop_requested = anyio.Event()  # the CLI starts its drain deadline on it
+        self.stop_reason: str | None = None
+        self._stopped = False
+        self.start_version = 0
         self.waiting_for_trainer = False
         self.metrics = Metrics()
 
@@ -143,27 +165,71 @@ class Daemon:
         """Run until `max_iterations` documents are through every stage, or `stop()`."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.policy.refresh()
+        self.start_version = self.policy.version
         dcfg = self.cfg.daemon
         self._limit_iterations = max_iterations
         send_env, recv_env = anyio.create_memory_object_stream[PlayJob](dcfg.env_queue)
         self._send_env = send_env
         if dcfg.metrics_port:
             self.metrics.serve(dcfg.metrics_port)
-        async with anyio.create_task_group() as outer:
-            outer.start_soon(self._status_loop)
-            task_status.started()
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(self._designer_loop, send_env)
-                for _ in range(dcfg.envs_in_flight):
-                    tg.start_soon(self._player, recv_env.clone())
-                recv_env.close()
-            outer.cancel_scope.cancel()
-        self._write_status()
-        log.info("daemon_stopped", iterations=self.iterations, **dict(self.counters))
+        try:
+            async with anyio.create_task_group() as outer:
+                outer.start_soon(self._status_loop)
+                task_status.started()
+                if dcfg.bootstrap_seeds:
+                    await self._bootstrap_seeds()
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(self._designer_loop, send_env)
+                    for _ in range(dcfg.envs_in_flight):
+                        tg.start_soon(self._player, recv_env.clone())
+                    recv_env.close()
+                outer.cancel_scope.cancel()
+        finally:  # also when the drain deadline cancels us: status says it stopped
+            self._stopped = True
+            self._write_status()
+            log.info("daemon_stopped", iterations=self.iterations, reason=self.stop_reason,
+                     **dict(self.counters))
 
-    def stop(self) -> None:
-        """Finish the documents in flight, then return (SIGTERM/SIGINT)."""
+    def stop(self, reason: str = "signal") -> None:
+        """Finish the documents in flight, then return (SIGTERM/SIGINT, or a bounded run)."""
+        if not self._stopping:
+            self.stop_reason = reason
         self._stopping = True
+        self.stop_requested.set()
+
+    def _sampled_with(self, version: int, *, episode: bool) -> None:
+        """An agent episode (or, while there has been nothing to play, a design) finished on
+        `version`: a bounded run may be done."""
+        n = self.cfg.daemon.stop_after_versions
+        nothing_to_play = not (self.counters["replays"] or self.counters["designs_accepted"])
+        if (n and not self._stopping and version >= self.start_version + n
+                and (episode or nothing_to_play)):
+            log.info("stop_after_versions_reached", version=version,
+                     start_version=self.start_version, stop_after_versions=n)
+            self.stop("stop_after_versions")
+
+    async def _bootstrap_seeds(self) -> None:
+        """An empty memory gets the built-in seed environments (validated like any design)."""
+        if await self.memory.accepted_count():
+            return
+        from spade_async.envs import seeds
+
+        files = sorted(p for p in Path(seeds.__file__).parent.glob("*.py")
+                       if p.name != "__init__.py")
+        stored = 0
+        for f in files:
+            if self._stopping:
+                return
+            code = f.read_text()
+            report = await validate(code, self.sandbox, self.cfg.validation)
+            status, _, reason = await self.memory.add_design(
+                code, report, doc_id=f"seed:{f.stem}", chunk_id="seed", excerpt="",
+                policy_version=0)
+            stored += status is DesignStatus.ACCEPTED
+            if status is not DesignStatus.ACCEPTED:
+                log.warning("seed_rejected", seed=f.stem, reason=reason)
+        self.counters["seeds_stored"] += stored
+        log.info("memory_bootstrapped", seeds=stored, of=len(files))
 
     async def _designer_loop(self, send_env) -> None:
         dcfg = self.cfg.daemon
@@ -270,6 +336,7 @@ class Daemon:
         finally:
             self.in_flight["designs"] -= 1
         self.counters["designs"] += 1
+        self._sampled_with(d.policy_version, episode=False)
         report = None
         if d.code is not None:
             self.in_flight["validations"] += 1
@@ -296,6 +363,12 @@ class Daemon:
             self.metrics.rejections.labels(key).inc()
         log.info("design", chunk=chunk.chunk_id, status=status.value, env_id=env_id,
                  reason=reason or None)
+        await self._append("designs", {
+            "time": time.time(), "design_id": d.design_id, "doc_id": chunk.doc_id,
+            "chunk_id": chunk.chunk_id, "policy_version": d.policy_version,
+            "status": status.value, "reason": reason.split(":")[0] if reason else "",
+            "env_id": env_id, "completion_tokens": len(d.token_ids) - d.prompt_len,
+            "progress": report.progress if report is not None else 0.0})
 
     # ---- playing ---------------------------------------------------------------------------
 
@@ -338,11 +411,16 @@ class Daemon:
                 self.in_flight["episodes"] -= 1
             results[hinted].append(ep)
             self.counters["episodes"] += 1
+            self.counters["episodes_hinted" if hinted else "episodes_unhinted"] += 1
+            if ep.error:
+                self.counters["episode_errors"] += 1
             self.counters["tokens_sampled"] += ep.sampled_tokens
             self.metrics.episodes.labels(str(hinted).lower(),
                                          "error" if ep.error else "ok").inc()
             self.metrics.tokens.labels("agent").inc(ep.sampled_tokens)
-            await anyio.to_thread.run_sync(self._save_episode, ep)
+            await self._append("episodes", {"time": time.time(), **ep.as_record()})
+            if ep.error is None and ep.sampled_tokens:
+                self._sampled_with(ep.policy_version, episode=True)
 
         seeds = [self._rng.randrange(2**31) for _ in range(rcfg.k_unhinted)]
         async with anyio.create_task_group() as tg:
@@ -361,6 +439,10 @@ class Daemon:
         log.info("env_played", env_id=job.env_id, replayed=job.group is None,
                  **{k: round(v, 4) if isinstance(v, float) else v
                     for k, v in regret.as_dict().items()})
+        await self._append("plays", {"time": time.time(), "env_id": job.env_id,
+                                     "replayed": job.group is None, "policy_version": version,
+                                     "unhinted": unhinted, "hinted": hinted,
+                                     **regret.as_dict()})
         samples = self._agent_samples(results, version)
         if job.group is not None:
             job.group.regrets[job.env_id] = regret
@@ -436,12 +518,24 @@ class Daemon:
 
     # ---- inspection ------------------------------------------------------------------------
 
-    def _save_episode(self, ep: Episode) -> None:
-        with open(self._episodes_file, "a") as f:
-            f.write(json.dumps(ep.as_record(), ensure_ascii=False) + "\n")
+    async def _append(self, log_name: str, record: dict[str, Any]) -> None:
+        """One line of <run_dir>/{designs,episodes,plays}.jsonl: what `spade report` plots."""
+        line = json.dumps(record, ensure_ascii=False) + "\n"
+
+        def write() -> None:
+            with open(self.run_dir / f"{log_name}.jsonl", "a") as f:
+                f.write(line)
+
+        await anyio.to_thread.run_sync(write)
 
     def status(self) -> dict[str, Any]:
         regrets = sorted(self.regrets)
+        endpoints = self.pool.snapshot()
+        for ep in endpoints:
+            samples = self._load_samples.get(ep["name"], ())
+            ep["saturation"] = round(ep["in_flight"] / ep["max_concurrency"], 3)
+            ep["saturation_mean_60s"] = (round(sum(samples) / len(samples), 3)
+                                         if samples else None)
         return {
             "pid": os.getpid(),
             "updated_at": time.time(),
@@ -453,11 +547,14 @@ class Daemon:
             "rejection_reasons": dict(self.reasons),
             "in_flight": dict(self.in_flight),
             "env_queue_depth": self._queue_depth(),
+            "env_queue_size": self.cfg.daemon.env_queue,
             "endpoint_in_flight": self.pool.in_flight(),
-            "regret": {"n": len(regrets),
-                       "mean": round(sum(regrets) / len(regrets), 4) if regrets else None,
-                       "max": regrets[-1] if regrets else None},
+            "endpoints": endpoints,
+            "regret": regret_distribution(regrets),
             "stopping": self._stopping,
+            "stopped": self._stopped,
+            "stop_reason": self.stop_reason,
+            "start_version": self.start_version,
             "waiting_for_trainer": self.waiting_for_trainer,
         }
 
@@ -472,8 +569,11 @@ class Daemon:
             m.policy_version.set(self.policy.version)
             for stage in ("designs", "validations", "episodes"):
                 m.in_flight.labels(stage).set(self.in_flight[stage])
-            for name, n in self.pool.in_flight().items():
-                m.endpoint_in_flight.labels(name).set(n)
+            for ep in self.pool.snapshot():
+                m.endpoint_in_flight.labels(ep["name"]).set(ep["in_flight"])
+                window = self._load_samples.setdefault(ep["name"], deque(maxlen=max(
+                    1, round(60 / self.cfg.daemon.status_interval_s))))
+                window.append(ep["in_flight"] / ep["max_concurrency"])
             m.queue_depth.set(self._queue_depth())
             await anyio.to_thread.run_sync(self._write_status)
             await anyio.sleep(self.cfg.daemon.status_interval_s)

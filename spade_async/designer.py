@@ -69,8 +69,11 @@ _FENCE = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)(?:```|\Z)", re.S)
 
 def extract_code(text: str) -> str | None:
     """The module in the reply: the last fenced block defining `class Environment`, else the
-    whole reply if it parses and defines it. None when there is nothing usable."""
-    blocks = [b for b in _FENCE.findall(text) if "class Environment" in b]
+    whole reply if it parses and defines it, else the last non-empty fenced block (code that
+    misses the contract is still code: validation rejects it with its reason, and partial
+    credit sees how far it got). None when the reply holds no code at all."""
+    fenced = [b for b in _FENCE.findall(text) if b.strip()]
+    blocks = [b for b in fenced if "class Environment" in b]
     candidates = list(reversed(blocks)) or [text]
     for code in candidates:
         code = code.strip() + "\n"
@@ -80,7 +83,9 @@ def extract_code(text: str) -> str | None:
             continue
         if "class Environment" in code:
             return code
-    return blocks[-1].strip() + "\n" if blocks else None
+    if blocks:
+        return blocks[-1].strip() + "\n"
+    return fenced[-1].strip() + "\n" if fenced else None
 
 
 async def design(

@@ -35,6 +35,7 @@ class LanceMemoryPort:
     def __init__(self, mem: EnvMemory, seed: int = 0) -> None:
         self.mem = mem
         self.rng = random.Random(seed)
+        self._unseen: list[str] | None = None
 
     async def examples(self, query: str, k: int) -> list[str]:
         hits = await self.mem.search(query, k=k, diverse=True, code=True)
@@ -67,11 +68,26 @@ class LanceMemoryPort:
                           regret: EnvRegret, replayed: bool) -> None:
         await self.mem.record_episodes(env_id, hinted=hinted, unhinted=unhinted)
 
+    async def accepted_count(self) -> int:
+        return await self.mem.count("accepted")
+
     async def sample_replay(self) -> StoredEnv | None:
-        drawn = await self.mem.sample_replay(self.rng)
-        if drawn is None:
-            return None
-        rec = await self.mem.get(drawn[0], code=True)
+        """Accepted environments never played (the bootstrap seeds, or a design whose play a
+        crash cut short) come first, oldest first: PLR's unseen levels. Then PLR's draw over
+        the played ones. The unseen list is read once per daemon; new designs are played
+        when they are accepted, so they never join it."""
+        if self._unseen is None:
+            records = await self.mem.list(status="accepted", limit=None)
+            self._unseen = [r.id for r in sorted(records, key=lambda r: (r.created_at, r.id))
+                            if not r.stats.episodes_unhinted]
+        if self._unseen:
+            env_id = self._unseen.pop(0)
+        else:
+            drawn = await self.mem.sample_replay(self.rng)
+            if drawn is None:
+                return None
+            env_id = drawn[0]
+        rec = await self.mem.get(env_id, code=True)
         return StoredEnv(rec.id, rec.code or "", rec.name)
 
 

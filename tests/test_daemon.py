@@ -58,7 +58,9 @@ async def test_one_iteration_regret_advantages_and_batch_by_hand(fake, tmp_path)
     (accepted,) = [e for e in memory.envs.values() if e["status"] == "accepted"]
     assert accepted["code"].strip() == ENV_CODE.strip() and accepted["doc_id"] == "doc1"
     (rejected,) = [e for e in memory.envs.values() if e["status"] == "rejected"]
-    assert rejected["reason"].startswith("no_code")
+    # The scripted prose reply sits inside the prefilled ```python block: code that fails to
+    # parse, not "no code".
+    assert rejected["reason"].startswith("static.parse")
     # Played: 3 unhinted (all wrong: 0) and 2 hinted (all right: 1) -> regret 1.
     ((env_id, unhinted, hinted, regret, replayed),) = memory.plays
     assert (unhinted, hinted, replayed) == ([0.0, 0.0, 0.0], [1.0, 1.0], False)
@@ -89,12 +91,20 @@ async def test_one_iteration_regret_advantages_and_batch_by_hand(fake, tmp_path)
     assert len(episodes) == 5 and sorted(e["score"] for e in episodes) == [0, 0, 0, 1, 1]
     status = json.loads((tmp_path / "run" / "status.json").read_text())
     assert status["iterations"] == 1 and status["counters"]["batches"] == 1
+    assert status["stopped"] and status["regret"]["n"] == 1 and status["regret"]["p50"] == 1.0
+    # The report's sources: one line per design and per played environment, timestamped.
+    designs = [json.loads(x) for x in (tmp_path / "run" / "designs.jsonl").read_text().splitlines()]
+    assert sorted(d["status"] for d in designs) == ["accepted", "invalid"]
+    assert {d["reason"] for d in designs} == {"", "static.parse"}
+    (play,) = [json.loads(x) for x in (tmp_path / "run" / "plays.jsonl").read_text().splitlines()]
+    assert play["env_id"] == env_id and play["regret"] == 1.0 and not play["replayed"]
+    assert all("time" in e for e in episodes + designs + [play])
     assert json.loads((tmp_path / "corpus.json").read_text())["consumed"] == 1
     # Prometheus metrics agree.
     reg = daemon.metrics.registry
     assert reg.get_sample_value("spade_designs_total", {"status": "accepted"}) == 1
     assert reg.get_sample_value("spade_designs_total", {"status": "invalid"}) == 1
-    assert reg.get_sample_value("spade_rejections_total", {"reason": "no_code"}) == 1
+    assert reg.get_sample_value("spade_rejections_total", {"reason": "static.parse"}) == 1
     assert reg.get_sample_value("spade_episodes_total", {"hinted": "true", "outcome": "ok"}) == 2
     assert reg.get_sample_value("spade_samples_total", {"role": "designer"}) == 2
     assert reg.get_sample_value("spade_env_regret_sum") == 1.0

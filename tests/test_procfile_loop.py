@@ -142,4 +142,4 @@ def test_procfile_trainer_consumes_daemon_batches_and_daemon_samples_new_version
     assert t["step"] == max(s["step"] for s in trained) and t["last_seq"] >= seqs[-1]
     res = subprocess.run([sys.executable, "-m", "spade_async.cli", "status", "-c", str(cfg)],
                          cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
-    assert f"trainer: taken {seqs[-1]} of" in res.stdout, res.stdout
+    assert f"taken {seqs[-1]} of" in res.stdout and "trainer    step" in res.stdout, res.stdout

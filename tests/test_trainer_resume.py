@@ -142,3 +142,30 @@ def test_kill_9_mid_run_then_restart_trains_every_batch_exactly_once(tmp_path):
     assert set(ref_server.state.adapters) == set(server.state.adapters)
     # The spool is acknowledged up to the last checkpoint, and no further.
     assert FileSpool(run / "spool").acked_seq() == N_BATCHES
+
+
+def test_sigterm_mid_step_abandons_the_step_and_restart_trains_the_batch(tmp_path):
+    """honcho SIGKILLs 5 s after its SIGTERM, and a CPU step takes longer: a step with nothing
+    unsaved before it is dropped at once, unacknowledged, and trained on the next start."""
+    model = tiny_llama(tmp_path / "tiny")
+    with FakeOpenAIServer() as server:
+        run = setup_run(tmp_path, "term", model, server)
+        # One batch big enough that its step (hundreds of micro-batches) is surely under way
+        # when the signal comes; the trainer starts on it as soon as it is up.
+        write_batches(run / "spool", 1, seed=3, samples_per_batch=3000)
+        proc = start(run)
+        log = run / "trainer.log"
+        deadline = time.monotonic() + 120
+        while "trainer_started" not in log.read_text():
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.05)
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGTERM)
+        finish(proc, run)
+        text = log.read_text()
+        assert "trainer_step_abandoned" in text and step_lines(run) == [], text[-3000:]
+        assert FileSpool(run / "spool").acked_seq() == 0
+        finish(start(run, "--max-steps", "1"), run, timeout=300)
+    assert [line["seq"] for line in step_lines(run)] == [1]
+    state = final_state(run)
+    assert state["step"] == 1 and state["last_seq"] == 1

@@ -5,7 +5,9 @@
 
 The only module that knows torchrun (through the environment it sets: RANK, WORLD_SIZE,
 LOCAL_RANK, MASTER_ADDR). SIGTERM / SIGINT ask the loop to stop after the current batch, with a
-final checkpoint; the process group is destroyed on every way out.
+final checkpoint; on one rank, a step with nothing unsaved before it is abandoned at once instead
+(its batch stays unacknowledged, so it is trained on restart). The process group is destroyed on
+every way out.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     # Heavy imports after the config is known to be good.
-    from trainer.loop import Trainer
+    from trainer.loop import StepInterrupted, Trainer
     from trainer.parallel import process_group
     from trainer.publish import PublishConfigError
 
@@ -61,9 +63,12 @@ def main(argv: list[str] | None = None) -> int:
                               exit_when_idle_s=args.exit_when_idle)
 
             def stop(signum: int, _frame: object) -> None:
-                log.info("trainer_stop_requested", signal=signal.Signals(signum).name)
+                log.info("trainer_stop_requested", signal=signal.Signals(signum).name,
+                         abandon_step=trainer.interruptible)
                 trainer.stop_requested = True
                 signal.signal(signum, signal.SIG_DFL)  # a second signal ends it at once
+                if trainer.interruptible:  # a CPU step takes longer than honcho waits
+                    raise StepInterrupted
 
             for sig in (signal.SIGTERM, signal.SIGINT):
                 signal.signal(sig, stop)

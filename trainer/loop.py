@@ -205,6 +205,10 @@ def export_version(runner: StepRunner, kind: str, weights: Path, version: int, *
     return path
 
 
+class StepInterrupted(Exception):
+    """Raised by the signal handler into a step that may be dropped (Trainer.interruptible)."""
+
+
 class Trainer:
     def __init__(self, cfg: SpadeConfig, tcfg: TrainerConfig, d: Dist, *,
                  max_steps: int | None = None, exit_when_idle_s: float | None = None) -> None:
@@ -216,6 +220,10 @@ class Trainer:
         self.publishing = tcfg.publish_every_steps > 0
         self.kind = artifact_kind(cfg, tcfg) if self.publishing else None
         self.stop_requested = False
+        # True while a step may be abandoned at once on SIGTERM/SIGINT: one rank, and nothing
+        # trained since the last checkpoint, so dropping the step loses nothing (its batch is
+        # not acknowledged and is trained again on restart). See launcher.main.
+        self.interruptible = False
         self.pending: tuple[int, Path] | None = None  # a version not yet served everywhere
         self.next_publish_try = 0.0
         self._batch: Batch | None = None
@@ -252,7 +260,12 @@ class Trainer:
                 if decision == WAIT:
                     continue
                 idle_since = time.monotonic()
-                self._train(self._claim(decision))
+                try:
+                    self._train(self._claim(decision))
+                except StepInterrupted:
+                    log.info("trainer_step_abandoned", seq=decision, step=self.state.step,
+                             note="not acknowledged: trained again on restart")
+                    return self.state
                 if d.is_main:  # the daemon's back-pressure reads it (daemon.max_batches_ahead)
                     self.spool.mark_taken(self.state.last_seq)
             if self.state.last_seq != self._ckpt_seq:
@@ -306,7 +319,13 @@ class Trainer:
             self._log({"event": "skipped", "seq": batch.seq, "step": st.step,
                        "dropped": dict(sel.dropped), "version": self.version})
             return
-        result = self.runner.step(sel.samples, step_index=st.step)
+        self.interruptible = self.d.world_size == 1 and st.last_seq == self._ckpt_seq
+        try:
+            if self.interruptible and self.stop_requested:
+                raise StepInterrupted
+            result = self.runner.step(sel.samples, step_index=st.step)
+        finally:
+            self.interruptible = False
         st.record(batch.seq, stepped=True)
         st.samples += result.samples
         st.tokens += int(result.metrics["tokens"])

@@ -190,6 +190,12 @@ class EndpointPool:
     def in_flight(self) -> dict[str, int]:
         return {ep.name: ep.in_flight for ep in self._endpoints}
 
+    def snapshot(self) -> list[dict[str, Any]]:
+        """Per endpoint, for status: up or down, requests in flight against its limit."""
+        return [{"name": ep.name, "base_url": ep.cfg.base_url, "up": ep.up,
+                 "in_flight": ep.in_flight, "max_concurrency": ep.cfg.max_concurrency,
+                 "weight_swap": ep.cfg.weight_swap.type} for ep in self._endpoints]
+
     def in_flight_for(self, name: str, model: str) -> int:
         """Requests in flight on endpoint `name` that asked for `model` (an adapter, say)."""
         return self._get(name).model_in_flight[model]

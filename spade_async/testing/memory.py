@@ -42,6 +42,9 @@ class DictMemory:
     async def record_play(self, env_id, unhinted, hinted, regret, replayed):
         self.plays.append((env_id, unhinted, hinted, regret, replayed))
 
+    async def accepted_count(self) -> int:
+        return sum(e["status"] == "accepted" for e in self.envs.values())
+
     async def sample_replay(self):
         for env_id in self.replay_ids:
             e = self.envs[env_id]

@@ -1,0 +1,165 @@
+"""Held-out evaluation: suites of tasks nobody here wrote, run against a served policy version.
+
+A suite turns its package's tasks into `EvalTask`s and scores one task with that package's own
+checker; this module runs a suite against the endpoint pool (greedy decoding, bounded
+concurrency) and stores the results per policy version under `<data_dir>/eval/`:
+  results.jsonl                 one line per (suite, version) run: score, passed, n, seconds
+  v<N>/<suite>.jsonl            one line per task: id, score, passed, the answer, any error
+`spade report` plots results.jsonl; `spade eval` prints it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import anyio
+
+from spade_async.chat_tokens import ChatTokens
+from spade_async.endpoints.pool import EndpointError, EndpointPool
+
+
+@dataclass(frozen=True)
+class EvalTask:
+    task_id: str
+    payload: dict[str, Any]  # whatever the suite needs to pose and score it
+
+
+@dataclass
+class TaskResult:
+    task_id: str
+    score: float            # 0..1 by the suite's own checker
+    passed: bool            # the checker's verdict (score >= the suite's pass mark)
+    answer: str = ""        # what the model said (cut), for inspection
+    turns: int = 0
+    completion_tokens: int = 0
+    error: str | None = None
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+class EvalPolicy:
+    """One policy version as the endpoints serve it, decoding greedily. Every call renders the
+    whole conversation with the chat template (evaluation needs no token-exact sequences)."""
+
+    def __init__(self, pool: EndpointPool, chat: ChatTokens, *, model: str, version: int,
+                 max_tokens: int = 512, max_seq_len: int = 4096,
+                 deadline_s: float = 300.0) -> None:
+        self.pool, self.chat, self.model, self.version = pool, chat, model, version
+        self.max_tokens, self.max_seq_len, self.deadline_s = max_tokens, max_seq_len, deadline_s
+
+    async def reply(self, messages: Sequence[dict[str, Any]],
+                    max_tokens: int | None = None) -> tuple[str, int]:
+        """(text, completion tokens) of the next assistant turn."""
+        ids = self.chat.prompt_ids(messages)
+        budget = min(max_tokens or self.max_tokens, self.max_seq_len - len(ids))
+        if budget < 1:
+            raise EndpointError(f"the conversation ({len(ids)} tokens) fills max_seq_len "
+                                f"{self.max_seq_len}")
+        c = await self.pool.complete(ids, model=self.model, max_tokens=budget, temperature=0.0,
+                                     deadline_s=self.deadline_s)
+        return self.chat.decode(c.token_ids), len(c.token_ids)
+
+
+class Suite(Protocol):
+    name: str
+    pass_mark: float
+
+    def tasks(self, limit: int | None = None) -> list[EvalTask]:
+        """The suite's fixed task list (the same every run), first `limit` of them."""
+        ...
+
+    def texts(self) -> list[str]:
+        """Every task's prompt text: the held-out check compares them with the corpus."""
+        ...
+
+    async def run_task(self, task: EvalTask, policy: EvalPolicy) -> TaskResult: ...
+
+
+@dataclass
+class SuiteResult:
+    suite: str
+    version: int
+    model: str
+    n: int
+    score: float
+    passed: float
+    errors: int
+    seconds: float
+    time: float
+    tasks: list[TaskResult]
+
+    def summary(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.pop("tasks")
+        return d
+
+
+async def run_suite(suite: Suite, policy: EvalPolicy, *, limit: int | None = None,
+                    concurrency: int = 4,
+                    progress: Callable[[str], None] = lambda _: None) -> SuiteResult:
+    tasks = suite.tasks(limit)
+    results: dict[str, TaskResult] = {}
+    limiter = anyio.Semaphore(concurrency)
+    t0 = time.perf_counter()
+
+    async def one(task: EvalTask) -> None:
+        async with limiter:
+            try:
+                r = await suite.run_task(task, policy)
+            except EndpointError as exc:
+                r = TaskResult(task.task_id, 0.0, False, error=f"endpoint: {exc}")
+            results[task.task_id] = r
+            done = len(results)
+            if done == len(tasks) or done % max(1, len(tasks) // 10) == 0:
+                mean = sum(x.score for x in results.values()) / done
+                progress(f"{suite.name}: {done}/{len(tasks)} tasks, mean score {mean:.3f}")
+
+    async with anyio.create_task_group() as tg:
+        for task in tasks:
+            tg.start_soon(one, task)
+    ordered = [results[t.task_id] for t in tasks]
+    n = len(ordered)
+    return SuiteResult(
+        suite=suite.name, version=policy.version, model=policy.model, n=n,
+        score=round(math.fsum(r.score for r in ordered) / n, 4) if n else 0.0,
+        passed=round(sum(r.passed for r in ordered) / n, 4) if n else 0.0,
+        errors=sum(r.error is not None for r in ordered),
+        seconds=round(time.perf_counter() - t0, 2), time=time.time(), tasks=ordered)
+
+
+def eval_dir(data_dir: Path) -> Path:
+    return data_dir / "eval"
+
+
+def store_result(data_dir: Path, result: SuiteResult) -> Path:
+    """Append the summary to results.jsonl and write the per-task file; returns the latter."""
+    root = eval_dir(data_dir)
+    per_version = root / f"v{result.version}"
+    per_version.mkdir(parents=True, exist_ok=True)
+    tasks_file = per_version / f"{result.suite}.jsonl"
+    tmp = tasks_file.with_suffix(".jsonl.tmp")
+    tmp.write_text("".join(json.dumps(asdict(t), ensure_ascii=False) + "\n"
+                           for t in result.tasks))
+    tmp.replace(tasks_file)
+    with open(root / "results.jsonl", "a", encoding="utf-8") as f:
+        f.write(json.dumps(result.summary()) + "\n")
+    return tasks_file
+
+
+def load_results(data_dir: Path) -> list[dict[str, Any]]:
+    out = []
+    try:
+        lines = (eval_dir(data_dir) / "results.jsonl").read_text().splitlines()
+    except OSError:
+        return []
+    for line in lines:
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue
+    return out

@@ -1,0 +1,472 @@
+"""`spade report`: what a run did, as plots (PNG) and one HTML page that holds them.
+
+Reads only what the processes already write, so it works on a live run or a finished one:
+  <data_dir>/run/designs.jsonl     one line per design: time, status, rejection reason, version
+  <data_dir>/run/episodes.jsonl    one line per episode: time, hinted, score, version
+  <data_dir>/run/plays.jsonl       one line per played environment: regret, hinted/unhinted means
+  the memory (LanceDB)             every stored environment, its embedding and regret stats
+  <trainer root>/metrics.jsonl     one line per trainer step: loss, log-prob mismatch, version
+  <data_dir>/eval/results.jsonl    held-out evaluation scores per policy version (`spade eval`)
+Every plot renders, with "no data yet" where a source is still empty, so a report of a run that
+has just started is complete too.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from spade_async.config import SpadeConfig, run_dir
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """Every whole JSON object line of `path` (none if it is missing; a torn line is skipped)."""
+    try:
+        raw = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return []
+    out = []
+    for line in raw.splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(rec, dict):
+            out.append(rec)
+    return out
+
+
+def rolling_mean(values: Iterable[float], window: int) -> np.ndarray:
+    """Mean of the last `window` values at each position (fewer at the start)."""
+    x = np.asarray(list(values), dtype=np.float64)
+    if not len(x):
+        return x
+    c = np.concatenate([[0.0], np.cumsum(x)])
+    idx = np.arange(1, len(x) + 1)
+    lo = np.maximum(0, idx - window)
+    return (c[idx] - c[lo]) / (idx - lo)
+
+
+def diversity_curve(vectors: np.ndarray) -> np.ndarray:
+    """Mean pairwise cosine distance of the first i+1 unit vectors, for every i (NaN for i=0):
+    with s = sum of the vectors, sum_{a != b} v_a . v_b = |s|^2 - n, so each point is O(d)."""
+    n = len(vectors)
+    out = np.full(n, np.nan)
+    if n == 0:
+        return out
+    v = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
+    s = np.cumsum(v.astype(np.float64), axis=0)
+    k = np.arange(1, n + 1, dtype=np.float64)
+    sq = np.einsum("ij,ij->i", s, s)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean_sim = (sq - k) / (k * (k - 1))
+    out[1:] = 1.0 - mean_sim[1:]
+    return out
+
+
+def pca_2d(vectors: np.ndarray) -> np.ndarray:
+    """The first two principal components (n x 2); fewer than 3 points sit on a line."""
+    if len(vectors) == 0:
+        return np.zeros((0, 2))
+    x = vectors - vectors.mean(axis=0, keepdims=True)
+    if len(vectors) < 3:
+        return np.column_stack([x[:, 0], np.zeros(len(x))])
+    _, _, vt = np.linalg.svd(x, full_matrices=False)
+    return x @ vt[:2].T
+
+
+@dataclass
+class RunData:
+    designs: list[dict] = field(default_factory=list)
+    episodes: list[dict] = field(default_factory=list)
+    plays: list[dict] = field(default_factory=list)
+    envs: list[dict] = field(default_factory=list)  # memory export, with embeddings
+    steps: list[dict] = field(default_factory=list)
+    evals: list[dict] = field(default_factory=list)
+    memory_error: str | None = None
+
+    @property
+    def t0(self) -> float:
+        times = [float(r["time"]) for src in (self.designs, self.episodes, self.plays, self.steps)
+                 for r in src if "time" in r]
+        return min(times) if times else 0.0
+
+
+def load_run(cfg: SpadeConfig) -> RunData:
+    from trainer.config import trainer_root
+
+    rdir = run_dir(cfg)
+    data = RunData(designs=read_jsonl(rdir / "designs.jsonl"),
+                   episodes=[e for e in read_jsonl(rdir / "episodes.jsonl") if "time" in e],
+                   plays=read_jsonl(rdir / "plays.jsonl"),
+                   steps=[s for s in read_jsonl(trainer_root(cfg, cfg.trainer) / "metrics.jsonl")
+                          if s.get("event") == "step"],
+                   evals=read_jsonl(cfg.paths.data_dir / "eval" / "results.jsonl"))
+    try:
+        data.envs = _memory_rows(cfg)
+    except Exception as exc:  # a report without the memory is still a report
+        data.memory_error = f"{type(exc).__name__}: {exc}"
+    return data
+
+
+def _memory_rows(cfg: SpadeConfig) -> list[dict]:
+    import anyio
+
+    from memory_db.store import EnvMemory
+    from spade_async.memory_port import memory_config
+
+    mcfg, uri = memory_config(cfg)
+    if "://" not in uri and not Path(uri).is_dir():
+        return []
+
+    async def main() -> list[dict]:
+        mem = EnvMemory(mcfg, uri, writable=False)
+        await mem.open()
+        return [r async for r in mem.export(code=False, embeddings=True)]
+
+    return anyio.run(main)
+
+
+# ---- plots ---------------------------------------------------------------------------------
+
+
+def _minutes(records: list[dict], t0: float) -> np.ndarray:
+    return np.array([(float(r["time"]) - t0) / 60.0 for r in records])
+
+
+def _empty(ax, what: str) -> None:
+    ax.text(0.5, 0.5, f"no {what} yet", ha="center", va="center", transform=ax.transAxes,
+            color="0.5", fontsize=12)
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
+def plot_regret(d: RunData, ax_regret, ax_solve, solved_at: float) -> None:
+    t0 = d.t0
+    if d.plays:
+        t = _minutes(d.plays, t0)
+        r = np.array([float(p.get("regret", 0.0)) for p in d.plays])
+        replayed = np.array([bool(p.get("replayed")) for p in d.plays])
+        ax_regret.scatter(t[~replayed], r[~replayed], s=18, label="new environment", alpha=0.8)
+        ax_regret.scatter(t[replayed], r[replayed], s=18, marker="x", label="replayed",
+                          alpha=0.8)
+        ax_regret.plot(t, rolling_mean(r, 10), color="k", lw=1.5, label="rolling mean (10)")
+        ax_regret.set_ylabel("regret (hinted - unhinted)")
+        ax_regret.set_ylim(-0.05, 1.05)
+        ax_regret.legend(loc="upper left", fontsize=8)
+    else:
+        _empty(ax_regret, "played environments")
+    ax_regret.set_title("Regret per played environment")
+    eps = [e for e in d.episodes if not e.get("error")]
+    if eps:
+        for hinted, label in ((False, "unhinted"), (True, "hinted")):
+            sel = [e for e in eps if bool(e.get("hinted")) is hinted]
+            if not sel:
+                continue
+            solved = [float(float(e.get("score", 0.0)) >= solved_at) for e in sel]
+            score = [float(e.get("score", 0.0)) for e in sel]
+            t = _minutes(sel, t0)
+            ax_solve.plot(t, rolling_mean(solved, 20), lw=1.8, label=f"{label} solve rate")
+            ax_solve.plot(t, rolling_mean(score, 20), lw=1, ls="--",
+                          label=f"{label} mean score")
+        ax_solve.set_ylabel("rolling over 20 episodes")
+        ax_solve.set_ylim(-0.05, 1.05)
+        ax_solve.legend(loc="upper left", fontsize=8)
+    else:
+        _empty(ax_solve, "episodes")
+    ax_solve.set_title(f"Solve rate (score >= {solved_at:g}) and mean score, hinted vs unhinted")
+    ax_solve.set_xlabel("minutes since the run started")
+
+
+def plot_designs(d: RunData, ax_rate, ax_reasons) -> None:
+    if not d.designs:
+        _empty(ax_rate, "designs")
+        _empty(ax_reasons, "designs")
+    else:
+        t = _minutes(d.designs, d.t0)
+        acc = np.array([float(x.get("status") == "accepted") for x in d.designs])
+        ax_rate.plot(t, np.cumsum(acc) / np.arange(1, len(acc) + 1), lw=1.8, label="cumulative")
+        ax_rate.plot(t, rolling_mean(acc, 20), lw=1, ls="--", label="rolling (20 designs)")
+        ax_rate.set_ylim(-0.05, 1.05)
+        ax_rate.set_ylabel("accepted share")
+        ax_rate.legend(loc="upper left", fontsize=8)
+        bins = min(20, max(1, len(d.designs) // 4))
+        edges = np.linspace(t.min(), t.max() + 1e-9, bins + 1)
+        which = np.clip(np.searchsorted(edges, t, side="right") - 1, 0, bins - 1)
+        labels = [_outcome(x) for x in d.designs]
+        order = [k for k, _ in Counter(labels).most_common()]
+        bottom = np.zeros(bins)
+        width = (edges[1] - edges[0]) * 0.9
+        for k in order:
+            h = np.bincount(which[[lab == k for lab in labels]], minlength=bins)
+            ax_reasons.bar(edges[:-1], h, width=width, bottom=bottom, align="edge", label=k)
+            bottom += h
+        ax_reasons.set_ylabel("designs per time bin")
+        ax_reasons.legend(loc="upper left", fontsize=8, ncol=2)
+    ax_rate.set_title("Acceptance rate of the designer's environments")
+    ax_reasons.set_title("Design outcomes: accepted, or the rejection reason")
+    ax_reasons.set_xlabel("minutes since the run started")
+
+
+def _outcome(design: dict) -> str:
+    if design.get("status") == "accepted":
+        return "accepted"
+    return design.get("reason") or design.get("status") or "rejected"
+
+
+def _accepted_vectors(d: RunData) -> tuple[list[dict], np.ndarray]:
+    acc = [e for e in d.envs if e.get("status") == "accepted" and e.get("embedding")]
+    if not acc:
+        return [], np.zeros((0, 0))
+    return acc, np.array([e["embedding"] for e in acc], dtype=np.float64)
+
+
+def plot_diversity(d: RunData, ax) -> None:
+    acc, vecs = _accepted_vectors(d)
+    if len(acc) < 2:
+        _empty(ax, "two accepted environments" if not d.memory_error else "memory")
+    else:
+        from datetime import datetime
+
+        created = [datetime.fromisoformat(e["created_at"]).timestamp() for e in acc]
+        t0 = min([d.t0 or min(created), *created])
+        t = (np.array(created) - t0) / 60.0
+        ax.plot(t, diversity_curve(vecs), lw=1.8, color="C2")
+        ax.set_ylabel("mean pairwise cosine distance")
+        ax2 = ax.twinx()
+        ax2.step(t, np.arange(1, len(t) + 1), where="post", color="0.6", lw=1)
+        ax2.set_ylabel("accepted environments", color="0.4")
+        ax.set_xlabel("minutes (environment stored)")
+    ax.set_title("Diversity of the memory's accepted environments")
+
+
+def plot_embedding_map(d: RunData, ax, fig) -> None:
+    envs = [e for e in d.envs if e.get("embedding")]
+    if len(envs) < 2:
+        _empty(ax, "stored environments" if not d.memory_error else "memory")
+        ax.set_title("Environment embeddings (PCA)")
+        return
+    vecs = np.array([e["embedding"] for e in envs], dtype=np.float64)
+    xy = pca_2d(vecs)
+    accepted = np.array([e.get("status") == "accepted" for e in envs])
+    regret = np.array([_num(e.get("stats", {}).get("regret_ema")) for e in envs])
+    played = accepted & ~np.isnan(regret)
+    ax.scatter(xy[~accepted, 0], xy[~accepted, 1], s=10, marker="x", c="0.75",
+               label=f"rejected ({int((~accepted).sum())})")
+    unplayed = accepted & ~played
+    ax.scatter(xy[unplayed, 0], xy[unplayed, 1], s=28, facecolors="none", edgecolors="0.3",
+               label=f"accepted, not played ({int(unplayed.sum())})")
+    if played.any():
+        sc = ax.scatter(xy[played, 0], xy[played, 1], s=40, c=regret[played], cmap="viridis",
+                        vmin=0.0, vmax=max(1e-6, float(np.nanmax(regret[played]))),
+                        edgecolors="k", linewidths=0.4, label=f"played ({int(played.sum())})")
+        fig.colorbar(sc, ax=ax, label="regret (EMA)")
+    ax.legend(loc="best", fontsize=8)
+    ax.set_xlabel("PC 1")
+    ax.set_ylabel("PC 2")
+    ax.set_title("Environment embeddings (PCA), coloured by regret")
+
+
+def _num(x: Any) -> float:
+    try:
+        return float(x) if x is not None else math.nan
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def plot_trainer(d: RunData, ax_loss, ax_lp) -> None:
+    if not d.steps:
+        _empty(ax_loss, "trainer steps")
+        _empty(ax_lp, "trainer steps")
+    else:
+        step = np.array([int(s.get("step", i)) for i, s in enumerate(d.steps)])
+        loss = np.array([_num(s.get("loss")) for s in d.steps])
+        ax_loss.plot(step, loss, marker="o", ms=3, lw=1.2)
+        ax_loss.set_ylabel("policy-gradient loss")
+        lp = np.array([_num(s.get("logprob_abs_diff_mean")) for s in d.steps])
+        ax_lp.plot(step, lp, marker="o", ms=3, lw=1.2, color="C3",
+                   label="mean |trainer - vLLM| log p")
+        ax_lp.set_ylabel("log-prob mismatch")
+        versions = [(int(s["step"]), s["publish"]["version"]) for s in d.steps
+                    if isinstance(s.get("publish"), dict) and s["publish"].get("ok")]
+        for x, v in versions:
+            for a in (ax_loss, ax_lp):
+                a.axvline(x, color="0.85", lw=0.8, zorder=0)
+            ax_lp.annotate(f"v{v}", (x, 1.0), xycoords=("data", "axes fraction"),
+                           fontsize=7, color="0.4", ha="center", va="bottom")
+        ax_lp.legend(loc="upper left", fontsize=8)
+    ax_loss.set_title("Trainer loss per step (grey lines: a version published)")
+    ax_lp.set_title("Trainer vs inference log-prob mismatch (sampled tokens)")
+    ax_lp.set_xlabel("optimizer step")
+
+
+def plot_eval(d: RunData, ax) -> None:
+    if not d.evals:
+        _empty(ax, "evaluations (`spade eval`)")
+    else:
+        by_suite: dict[str, list[tuple[int, float]]] = {}
+        for r in d.evals:
+            by_suite.setdefault(str(r.get("suite")), []).append(
+                (int(r.get("version", 0)), _num(r.get("score"))))
+        for suite, pts in sorted(by_suite.items()):
+            pts.sort()
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=suite)
+        ax.set_xlabel("policy version")
+        ax.set_ylabel("held-out score")
+        ax.set_ylim(-0.05, 1.05)
+        ax.legend(loc="best", fontsize=8)
+    ax.set_title("Held-out evaluation per policy version")
+
+
+# ---- the report ----------------------------------------------------------------------------
+
+
+PLOTS: list[tuple[str, str, str]] = [
+    ("regret.png", "Regret and solve rates",
+     "Top: regret (mean hinted score minus mean unhinted score) of every played environment, "
+     "new and replayed, with its rolling mean. Bottom: solve rate and mean score of hinted and "
+     "unhinted episodes, rolling over 20 episodes."),
+    ("designs.png", "Acceptance and rejections",
+     "Share of the designer's proposals accepted into the memory, and every design's outcome per "
+     "time bin: accepted or the first failing check (no_code, static.parse, sandbox checks, "
+     "duplicate)."),
+    ("diversity.png", "Memory diversity",
+     "Mean pairwise cosine distance of the accepted environments' embeddings as each was stored "
+     "(grey: how many there were)."),
+    ("embedding_map.png", "Embedding map",
+     "Every stored environment projected on the first two principal components of its "
+     "embedding; played ones coloured by their regret EMA, rejected ones as grey crosses."),
+    ("trainer.png", "Trainer",
+     "Loss per optimizer step and the mean absolute difference between the trainer's and the "
+     "inference server's log-probs of the sampled tokens; grey lines mark published versions."),
+    ("eval.png", "Held-out evaluation",
+     "Scores per held-out suite for each evaluated policy version (`spade eval`)."),
+]
+
+
+def summary(cfg: SpadeConfig, d: RunData) -> dict[str, Any]:
+    outcomes = Counter(_outcome(x) for x in d.designs)
+    regrets = [float(p.get("regret", 0.0)) for p in d.plays]
+    published = [s["publish"]["version"] for s in d.steps
+                 if isinstance(s.get("publish"), dict) and s["publish"].get("ok")]
+    return {
+        "data_dir": str(cfg.paths.data_dir),
+        "minutes": round((max(float(r["time"]) for r in d.designs + d.episodes + d.steps)
+                          - d.t0) / 60.0, 1) if (d.designs or d.episodes or d.steps) else 0.0,
+        "designs": len(d.designs),
+        "accepted": outcomes.get("accepted", 0),
+        "rejected_by_reason": {k: v for k, v in outcomes.most_common() if k != "accepted"},
+        "memory": {"stored": len(d.envs),
+                   "accepted": sum(e.get("status") == "accepted" for e in d.envs),
+                   "error": d.memory_error},
+        "episodes": len(d.episodes),
+        "episode_versions": sorted({int(e.get("policy_version", 0)) for e in d.episodes}),
+        "envs_played": len(d.plays),
+        "regret_mean": round(sum(regrets) / len(regrets), 4) if regrets else None,
+        "trainer_steps": len(d.steps),
+        "versions_published": published,
+        "evaluations": len(d.evals),
+    }
+
+
+def write_report(cfg: SpadeConfig, out: Path,
+                 progress: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
+    """Render every plot into `out` and the page `out/index.html`; returns the summary."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out.mkdir(parents=True, exist_ok=True)
+    progress("reading the run's logs, the memory and the trainer's metrics")
+    d = load_run(cfg)
+
+    def figure(rows: int, height: float = 3.2):
+        fig, axes = plt.subplots(rows, 1, figsize=(9, height * rows), squeeze=False)
+        return fig, [a[0] for a in axes]
+
+    def regret():
+        fig, (a, b) = figure(2)
+        plot_regret(d, a, b, cfg.validation.solution_score)
+        return fig
+
+    def designs():
+        fig, (a, b) = figure(2)
+        plot_designs(d, a, b)
+        return fig
+
+    def diversity():
+        fig, (a,) = figure(1, 3.6)
+        plot_diversity(d, a)
+        return fig
+
+    def embedding_map():
+        fig, (a,) = figure(1, 6.5)
+        plot_embedding_map(d, a, fig)
+        return fig
+
+    def trainer():
+        fig, (a, b) = figure(2)
+        plot_trainer(d, a, b)
+        return fig
+
+    def evaluation():
+        fig, (a,) = figure(1, 3.6)
+        plot_eval(d, a)
+        return fig
+
+    draw: dict[str, Callable[[], Any]] = {"regret.png": regret, "designs.png": designs, "diversity.png": diversity,
+            "embedding_map.png": embedding_map, "trainer.png": trainer, "eval.png": evaluation}
+    files = []
+    for name, _, _ in PLOTS:
+        progress(f"plotting {name}")
+        fig = draw[name]()
+        fig.tight_layout()
+        fig.savefig(out / name, dpi=110)
+        plt.close(fig)
+        files.append(str(out / name))
+    s = summary(cfg, d)
+    s["files"] = files + [str(out / "index.html")]
+    (out / "index.html").write_text(_html(s), encoding="utf-8")
+    (out / "summary.json").write_text(json.dumps(s, indent=2))
+    return s
+
+
+def _html(s: dict[str, Any]) -> str:
+    rows = [("run data", s["data_dir"]), ("minutes covered", s["minutes"]),
+            ("designs", f"{s['designs']} ({s['accepted']} accepted)"),
+            ("rejections", ", ".join(f"{k} {v}" for k, v in s["rejected_by_reason"].items())
+             or "none"),
+            ("memory", f"{s['memory']['stored']} stored, {s['memory']['accepted']} accepted"
+             + (f" (unreadable: {s['memory']['error']})" if s["memory"]["error"] else "")),
+            ("episodes", f"{s['episodes']} on policy versions {s['episode_versions']}"),
+            ("environments played", f"{s['envs_played']}, mean regret {s['regret_mean']}"),
+            ("trainer", f"{s['trainer_steps']} steps, versions published "
+             f"{s['versions_published']}"),
+            ("held-out evaluations", s["evaluations"])]
+    table = "\n".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>"
+                      for k, v in rows)
+    sections = "\n".join(
+        f'<section><h2>{html.escape(title)}</h2><p>{html.escape(caption)}</p>'
+        f'<a href="{name}"><img src="{name}" alt="{html.escape(title)}"></a></section>'
+        for name, title, caption in PLOTS)
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>SPADE-async run report</title>
+<style>body{{font-family:system-ui,sans-serif;max-width:1000px;margin:2em auto;color:#222}}
+table{{border-collapse:collapse}}th,td{{text-align:left;padding:2px 12px 2px 0}}
+img{{max-width:100%;border:1px solid #ddd}}section{{margin-top:2em}}</style></head>
+<body><h1>SPADE-async run report</h1>
+<table>
+{table}
+</table>
+{sections}
+</body></html>
+"""
