@@ -441,6 +441,10 @@ def _status_lines(st: dict, cfg: SpadeConfig) -> list[str]:
                  f"{inf.get('validations', 0)}, episodes {inf.get('episodes', 0)}")
     lines.append(f"batches    {c.get('batches', 0)} written ({c.get('samples', 0)} samples, "
                  f"{c.get('samples_stale_dropped', 0)} dropped as stale)")
+    if c.get("evals") or c.get("eval_failures") or inf.get("evals"):
+        lines.append(f"eval       {c.get('evals', 0)} versions evaluated, "
+                     f"{c.get('eval_failures', 0)} failed, {inf.get('evals', 0)} running "
+                     "(`spade eval`, results in `spade report`)")
     if t.get("step") is None:
         lines.append(f"trainer    no step yet; taken {t['taken_seq']} of {t['last_seq']} batches")
     else:
@@ -579,6 +583,69 @@ def bench_trainer(
                        f"{p['step_end_to_served_s_median']:.3f} s, max "
                        f"{p['step_end_to_served_s_max']:.3f} s (swap alone "
                        f"{p['swap_s_median']:.3f} s)")
+
+
+@app.command("eval")
+def evaluate(
+    config: Path = ConfigOpt,
+    version: str = typer.Option("latest", "--version", help="policy version N, or 'latest' "
+                                "(the one the servers hold now)"),
+    suite: list[str] = typer.Option(None, "--suite", help="reasoning-gym or bfcl-multi-turn "
+                                    "(repeatable; default: eval.suites)"),
+    limit: int = typer.Option(None, "--limit", min=1, help="only the first N tasks of a suite"),
+    as_json: bool = JsonOpt,
+) -> None:
+    """Score a served policy version on held-out suites (their own checkers); results are
+    stored per version under <data_dir>/eval/ and plotted by `spade report`."""
+    from spade_async.chat_tokens import ChatTokens
+    from spade_async.config import checkpoint_dir
+    from spade_async.daemon import PolicyVersion
+    from spade_async.endpoints.pool import EndpointError, EndpointPool
+    from spade_async.evals import SUITES
+    from spade_async.evals.base import evaluate_version, model_for_version
+
+    cfg = _config(config)
+    names = suite or list(cfg.eval.suites)
+    for n in names:
+        if n not in SUITES:
+            typer.echo(f"error: unknown suite {n!r}: one of {', '.join(SUITES)}", err=True)
+            raise typer.Exit(2)
+    current = PolicyVersion(cfg.paths.data_dir / "weights" / "current.json",
+                            cfg.model.served_name)
+    current.refresh()
+    try:
+        v = current.version if version == "latest" else int(version)
+        model = model_for_version(cfg, v, (current.version, current.model))
+    except ValueError as exc:
+        typer.echo(f"error: --version {version}: {exc}", err=True)
+        raise typer.Exit(2) from None
+    tokenizer = cfg.model.tokenizer or checkpoint_dir(cfg)
+
+    def progress(msg: str) -> None:
+        typer.echo(f"[eval] {msg}", err=True)
+
+    async def main():
+        chat = await anyio.to_thread.run_sync(ChatTokens.from_pretrained, tokenizer)
+        async with EndpointPool(cfg.endpoints, cfg.pool) as pool:
+            return await evaluate_version(cfg, pool, chat, version=v, model=model,
+                                          suites=names, limit=limit, progress=progress)
+
+    try:
+        results = anyio.run(main)
+    except EndpointError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
+    except (RuntimeError, ImportError) as exc:  # a suite's package or venv missing
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    rows = [r.summary() for r in results]
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    for r in rows:
+        typer.echo(f"{r['suite']:16s} v{r['version']} ({r['model']}): score {r['score']:.3f}, "
+                   f"passed {r['passed']:.1%} of {r['n']} tasks, {r['errors']} errors, "
+                   f"{r['seconds']:.0f} s")
 
 
 @app.command("report")

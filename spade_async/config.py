@@ -158,6 +158,11 @@ class RegretConfig(_Strict):
 class DaemonConfig(_Strict):
     """The self-play loop's stages and their limits (DESIGN §2); every in-flight limit is here."""
 
+    mode: Literal["spade", "fixed"] = Field(
+        "spade", description="spade: the designer writes environments from the corpus. fixed: "
+        "the fixed-environment baseline: no designer and no corpus; the agent plays the "
+        "environments the memory holds when the run starts (with bootstrap_seeds, the 16 seeds), "
+        "in a shuffled round robin, through the same episodes, regret, batches and trainer")
     designs_per_document: int = Field(4, ge=1, description="G: designs drawn per document")
     designer_max_tokens: int = Field(1536, ge=64, description="completion budget of one design")
     designer_temperature: float = Field(1.0, ge=0)
@@ -191,6 +196,20 @@ class DaemonConfig(_Strict):
                               "(0: off)")
 
 
+class EvalConfig(_Strict):
+    """Held-out evaluation (`spade eval`, and the daemon's periodic one)."""
+
+    suites: list[Literal["reasoning-gym", "bfcl-multi-turn"]] = Field(
+        ["reasoning-gym", "bfcl-multi-turn"], description="suites run by default")
+    every_versions: int = Field(0, ge=0, description="the daemon evaluates every N-th published "
+                                "version in the background (0: never; `spade eval` any time)")
+    reasoning_gym_per_generator: int = Field(8, ge=1, description="tasks per reasoning-gym "
+                                             "generator (6 generators)")
+    bfcl_tasks: int = Field(10, ge=1, description="BFCL-v4 multi-turn base entries, the first N")
+    max_tokens: int = Field(384, ge=16, description="completion budget of one answer / turn")
+    concurrency: int = Field(4, ge=1, description="tasks evaluated at once")
+
+
 class SpadeConfig(_Strict):
     """The whole tree; `checkpoint_dir` is derived, never configured twice."""
 
@@ -206,6 +225,7 @@ class SpadeConfig(_Strict):
     corpus: CorpusConfig = Field(default_factory=CorpusConfig)
     memory: MemoryConfig = Field(default_factory=MemoryConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
 
 
 ENV_PREFIX = "SPADE__"

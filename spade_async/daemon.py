@@ -72,6 +72,10 @@ class MemoryPort(Protocol):
 
     async def accepted_count(self) -> int: ...
 
+    async def fixed_pool(self) -> list[StoredEnv]:
+        """Every accepted environment (the fixed-environment baseline's pool)."""
+        ...
+
 
 def regret_distribution(regrets: list[float]) -> dict[str, Any]:
     """n, mean, quantiles and a 5-bin histogram over [0, 1] of sorted per-env regrets."""
@@ -175,11 +179,14 @@ class Daemon:
         try:
             async with anyio.create_task_group() as outer:
                 outer.start_soon(self._status_loop)
+                if self.cfg.eval.every_versions:
+                    outer.start_soon(self._eval_loop)
                 task_status.started()
                 if dcfg.bootstrap_seeds:
                     await self._bootstrap_seeds()
                 async with anyio.create_task_group() as tg:
-                    tg.start_soon(self._designer_loop, send_env)
+                    tg.start_soon(self._fixed_loop if dcfg.mode == "fixed"
+                                  else self._designer_loop, send_env)
                     for _ in range(dcfg.envs_in_flight):
                         tg.start_soon(self._player, recv_env.clone())
                     recv_env.close()
@@ -248,6 +255,64 @@ class Daemon:
                 tg.start_soon(self._document, chunk, send_env.clone(), limiter)
                 if self._rng.random() < dcfg.replay_probability:
                     tg.start_soon(self._replay_one, send_env.clone())
+
+    async def _fixed_loop(self, send_env) -> None:
+        """mode = "fixed", the baseline: the memory's accepted environments at start, played
+        in a shuffled round robin (reshuffled every pass). Everything after the env stream is
+        the SPADE loop's own code, so the two runs differ only in where environments come
+        from. One iteration is one environment played."""
+        pool = await self.memory.fixed_pool()
+        if not pool:
+            log.error("fixed_pool_empty", hint="set daemon.bootstrap_seeds = true, or add "
+                      "environments with `spade memory add`")
+            self.stop("fixed pool empty")
+            return
+        log.info("fixed_pool", environments=len(pool))
+        order = list(pool)
+        started = 0
+        async with send_env:
+            while not self._stopping and (self._limit_iterations is None
+                                          or started < self._limit_iterations):
+                await self._wait_for_trainer()
+                if self._stopping:
+                    break
+                if started % len(order) == 0:
+                    self._rng.shuffle(order)
+                env = order[started % len(order)]
+                started += 1
+                self.counters["fixed_plays"] += 1
+                await send_env.send(PlayJob(env.env_id, env.code, env.name, None))
+
+    async def _eval_loop(self) -> None:
+        """Held-out evaluation of every `eval.every_versions`-th published version (version 0,
+        the base model, included), in the background: its requests share the pool with the
+        loop's, at `eval.concurrency`, and a failure is logged, never raised into the loop.
+        Versions already in <data_dir>/eval/results.jsonl are not evaluated again."""
+        from spade_async.evals.base import evaluate_version, load_results
+
+        every = self.cfg.eval.every_versions
+        done = {int(r.get("version", -1)) for r in load_results(self.cfg.paths.data_dir)}
+        while True:
+            self.policy.refresh()
+            version, model = self.policy.version, self.policy.model
+            if version % every == 0 and version not in done:
+                done.add(version)
+                self.in_flight["evals"] += 1
+                try:
+                    results = await evaluate_version(
+                        self.cfg, self.pool, self.chat, version=version, model=model,
+                        suites=self.cfg.eval.suites,
+                        progress=lambda m: log.info("eval_progress", detail=m))
+                    self.counters["evals"] += 1
+                    for r in results:
+                        log.info("evaluated", **r.summary())
+                except Exception as exc:  # an evaluation never stops the self-play loop
+                    self.counters["eval_failures"] += 1
+                    log.error("eval_failed", version=version, error=f"{type(exc).__name__}: "
+                              f"{exc}")
+                finally:
+                    self.in_flight["evals"] -= 1
+            await anyio.sleep(self.cfg.daemon.status_interval_s)
 
     async def _wait_for_trainer(self) -> None:
         """Back-pressure: while `max_batches_ahead` batches wait in the spool for the trainer,
@@ -449,6 +514,8 @@ class Daemon:
             job.group.agent_samples += samples
         elif samples:
             await self._write_batch(samples)
+        if self.cfg.daemon.mode == "fixed":
+            self.iterations += 1
 
     def _agent_samples(self, results: dict[bool, list[Episode]], version: int) -> list[Sample]:
         eps = self.cfg.regret.advantage_eps

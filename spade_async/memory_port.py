@@ -71,6 +71,14 @@ class LanceMemoryPort:
     async def accepted_count(self) -> int:
         return await self.mem.count("accepted")
 
+    async def fixed_pool(self) -> list[StoredEnv]:
+        records = await self.mem.list(status="accepted", limit=None)
+        out = []
+        for r in sorted(records, key=lambda r: (r.created_at, r.id)):
+            rec = await self.mem.get(r.id, code=True)
+            out.append(StoredEnv(rec.id, rec.code or "", rec.name))
+        return out
+
     async def sample_replay(self) -> StoredEnv | None:
         """Accepted environments never played (the bootstrap seeds, or a design whose play a
         crash cut short) come first, oldest first: PLR's unseen levels. Then PLR's draw over

