@@ -28,8 +28,7 @@ sys.exit(md.version("bfcl-eval") != sys.argv[1])' "$BFCL_VERSION" || rc=$?
 }
 
 if [ -f "$stamp" ] && check 2>/dev/null; then
-  step ".venv-bfcl is ready (bfcl-eval $BFCL_VERSION)"
-  exit 0
+  exit 0  # ready: say nothing, like setup.sh
 fi
 rm -f "$stamp"
 if [ ! -x .venv-bfcl/bin/python ]; then

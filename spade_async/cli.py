@@ -85,7 +85,7 @@ def show_config(
         "cfg_served_name": cfg.model.served_name,
         "cfg_host": url.hostname or "127.0.0.1",
         "cfg_port": url.port or (443 if url.scheme == "https" else 80),
-        "cfg_max_model_len": cfg.rollout.max_seq_len,
+        "cfg_max_model_len": max(cfg.rollout.max_seq_len, cfg.eval.max_seq_len),
         # vLLM accepts only these --max-lora-rank values; the adapter's rank must fit.
         "cfg_max_lora_rank": min(r for r in (8, 16, 32, 64, 128, 256, 320, 512)
                                  if r >= cfg.trainer.lora_rank),

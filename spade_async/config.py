@@ -207,6 +207,9 @@ class EvalConfig(_Strict):
                                              "generator (6 generators)")
     bfcl_tasks: int = Field(10, ge=1, description="BFCL-v4 multi-turn base entries, the first N")
     max_tokens: int = Field(384, ge=16, description="completion budget of one answer / turn")
+    max_seq_len: int = Field(8192, ge=512, description="prompt + turns of one task: BFCL's tool "
+                             "docs alone take 2.2k-5.2k tokens (inference.sh serves at least "
+                             "this context)")
     concurrency: int = Field(4, ge=1, description="tasks evaluated at once")
 
 

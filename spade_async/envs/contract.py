@@ -71,7 +71,7 @@ def parse_tool_call(action: str) -> tuple[str, dict[str, Any]] | None:
     """Inverse of `tool_call_action`; None when the action is plain text."""
     try:
         obj = json.loads(action)
-    except (json.JSONDecodeError, TypeError):
+    except (ValueError, TypeError):  # JSONDecodeError, and e.g. a >4300-digit integer
         return None
     if isinstance(obj, dict) and isinstance(obj.get("tool"), str) and isinstance(
         obj.get("arguments", {}), dict

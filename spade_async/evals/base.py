@@ -193,7 +193,7 @@ async def evaluate_version(cfg: Any, pool: EndpointPool, chat: ChatTokens, *, ve
 
     ecfg = cfg.eval
     policy = EvalPolicy(pool, chat, model=model, version=version, max_tokens=ecfg.max_tokens,
-                        max_seq_len=cfg.rollout.max_seq_len,
+                        max_seq_len=ecfg.max_seq_len,
                         deadline_s=cfg.rollout.request_deadline_s)
     out = []
     for name in suites:
