@@ -130,7 +130,7 @@ max_tokens = 96
     assert res.exit_code == 0, res.output
     s = json.loads(res.stdout)
     assert s["evaluations"] == 1 and s["memory"]["stored"] == 0
-    assert (tmp_path / "data" / "report" / "eval.png").stat().st_size > 10_000
+    assert (tmp_path / "data" / "report" / "eval.png").stat().st_size > 2_000
     res = runner.invoke(app, ["eval", "--config", str(cfg), "--version", "3"])
     assert res.exit_code == 2 and "not published" in res.output
     res = runner.invoke(app, ["eval", "--config", str(cfg), "--suite", "mmlu"])

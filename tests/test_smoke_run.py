@@ -103,7 +103,7 @@ def test_bounded_run_stops_by_itself_and_reports(tmp_path, checkpoint):
     page = (tmp_path / "report" / "index.html").read_text()
     for name, _, _ in PLOTS:
         png = (tmp_path / "report" / name).read_bytes()
-        assert png.startswith(b"\x89PNG") and len(png) > 10_000, name
+        assert png.startswith(b"\x89PNG") and len(png) > 2_000, name
         assert f'src="{name}"' in page
     print(f"\nbounded run: {wall:.0f}s wall, versions {published}, designs {len(designs)} "
           f"({sum(d['status'] == 'accepted' for d in designs)} accepted), "
