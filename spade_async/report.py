@@ -389,17 +389,18 @@ def write_report(cfg: SpadeConfig, out: Path,
     progress("reading the run's logs, the memory and the trainer's metrics")
     d = load_run(cfg)
 
-    def figure(rows: int, height: float = 3.2):
-        fig, axes = plt.subplots(rows, 1, figsize=(9, height * rows), squeeze=False)
+    def figure(rows: int, height: float = 3.2, sharex: bool = False):
+        fig, axes = plt.subplots(rows, 1, figsize=(9, height * rows), squeeze=False,
+                                 sharex=sharex)
         return fig, [a[0] for a in axes]
 
-    def regret():
-        fig, (a, b) = figure(2)
+    def regret():  # both panels over the run's minutes
+        fig, (a, b) = figure(2, sharex=bool(d.plays and d.episodes))
         plot_regret(d, a, b, cfg.validation.solution_score)
         return fig
 
     def designs():
-        fig, (a, b) = figure(2)
+        fig, (a, b) = figure(2, sharex=bool(d.designs))
         plot_designs(d, a, b)
         return fig
 
