@@ -300,8 +300,11 @@ def plot_trainer(d: RunData, ax_loss, ax_lp) -> None:
         for x, v in versions:
             for a in (ax_loss, ax_lp):
                 a.axvline(x, color="0.85", lw=0.8, zorder=0)
-            ax_lp.annotate(f"v{v}", (x, 1.0), xycoords=("data", "axes fraction"),
-                           fontsize=7, color="0.4", ha="center", va="bottom")
+            ax_lp.annotate(f"v{v}", (x, 0.98), xycoords=("data", "axes fraction"),
+                           fontsize=7, color="0.4", ha="center", va="top")
+        from matplotlib.ticker import MaxNLocator
+
+        ax_lp.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax_lp.legend(loc="upper left", fontsize=8)
     ax_loss.set_title("Trainer loss per step (grey lines: a version published)")
     ax_lp.set_title("Trainer vs inference log-prob mismatch (sampled tokens)")
