@@ -154,7 +154,6 @@ class Daemon:
         self.in_flight: Counter[str] = Counter()
         self._load_samples: dict[str, deque[float]] = {}  # endpoint saturation, last minute
         self._rng = random.Random(cfg.corpus.seed)
-        self._stopping = False
         self.stop_requested = anyio.Event()  # the CLI starts its drain deadline on it
         self.stop_reason: str | None = None
         self._stopped = False
@@ -197,12 +196,15 @@ class Daemon:
             log.info("daemon_stopped", iterations=self.iterations, reason=self.stop_reason,
                      **dict(self.counters))
 
+    @property
+    def _stopping(self) -> bool:
+        return self.stop_requested.is_set()
+
     def stop(self, reason: str = "signal") -> None:
         """Finish the documents in flight, then return (SIGTERM/SIGINT, or a bounded run)."""
         if not self._stopping:
             self.stop_reason = reason
-        self._stopping = True
-        self.stop_requested.set()
+            self.stop_requested.set()
 
     def _sampled_with(self, version: int, *, episode: bool) -> None:
         """An agent episode (or, while there has been nothing to play, a design) finished on
@@ -224,9 +226,9 @@ class Daemon:
         files = sorted(p for p in Path(seeds.__file__).parent.glob("*.py")
                        if p.name != "__init__.py")
         stored = 0
-        for f in files:
-            if self._stopping:
-                return
+
+        async def one(f: Path) -> None:  # validations run side by side in the sandbox slots
+            nonlocal stored
             code = f.read_text()
             report = await validate(code, self.sandbox, self.cfg.validation)
             status, _, reason = await self.memory.add_design(
@@ -235,6 +237,10 @@ class Daemon:
             stored += status is DesignStatus.ACCEPTED
             if status is not DesignStatus.ACCEPTED:
                 log.warning("seed_rejected", seed=f.stem, reason=reason)
+
+        async with anyio.create_task_group() as tg:
+            for f in files:
+                tg.start_soon(one, f)
         self.counters["seeds_stored"] += stored
         log.info("memory_bootstrapped", seeds=stored, of=len(files))
 
@@ -615,7 +621,6 @@ class Daemon:
             "in_flight": dict(self.in_flight),
             "env_queue_depth": self._queue_depth(),
             "env_queue_size": self.cfg.daemon.env_queue,
-            "endpoint_in_flight": self.pool.in_flight(),
             "endpoints": endpoints,
             "regret": regret_distribution(regrets),
             "stopping": self._stopping,

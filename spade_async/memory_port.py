@@ -72,12 +72,8 @@ class LanceMemoryPort:
         return await self.mem.count("accepted")
 
     async def fixed_pool(self) -> list[StoredEnv]:
-        records = await self.mem.list(status="accepted", limit=None)
-        out = []
-        for r in sorted(records, key=lambda r: (r.created_at, r.id)):
-            rec = await self.mem.get(r.id, code=True)
-            out.append(StoredEnv(rec.id, rec.code or "", rec.name))
-        return out
+        return [StoredEnv(r["id"], r["code"] or "", r["name"])
+                async for r in self.mem.export(code=True) if r["status"] == "accepted"]
 
     async def sample_replay(self) -> StoredEnv | None:
         """Accepted environments never played (the bootstrap seeds, or a design whose play a

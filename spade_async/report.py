@@ -101,6 +101,7 @@ class RunData:
 
 
 def load_run(cfg: SpadeConfig) -> RunData:
+    from spade_async.evals.base import load_results
     from trainer.config import trainer_root
 
     rdir = run_dir(cfg)
@@ -109,7 +110,7 @@ def load_run(cfg: SpadeConfig) -> RunData:
                    plays=read_jsonl(rdir / "plays.jsonl"),
                    steps=[s for s in read_jsonl(trainer_root(cfg, cfg.trainer) / "metrics.jsonl")
                           if s.get("event") == "step"],
-                   evals=read_jsonl(cfg.paths.data_dir / "eval" / "results.jsonl"))
+                   evals=load_results(cfg.paths.data_dir))
     try:
         data.envs = _memory_rows(cfg)
     except Exception as exc:  # a report without the memory is still a report
@@ -184,6 +185,8 @@ def plot_regret(d: RunData, ax_regret, ax_solve, solved_at: float) -> None:
         _empty(ax_solve, "episodes")
     ax_solve.set_title(f"Solve rate (score >= {solved_at:g}) and mean score, hinted vs unhinted")
     ax_solve.set_xlabel("minutes since the run started")
+    if d.plays and eps:
+        _same_x(ax_regret, ax_solve)
 
 
 def plot_designs(d: RunData, ax_rate, ax_reasons) -> None:
@@ -211,6 +214,7 @@ def plot_designs(d: RunData, ax_rate, ax_reasons) -> None:
             bottom += h
         ax_reasons.set_ylabel("designs per time bin")
         ax_reasons.legend(loc="upper left", fontsize=8, ncol=2)
+        _same_x(ax_rate, ax_reasons)
     ax_rate.set_title("Acceptance rate of the designer's environments")
     ax_reasons.set_title("Design outcomes: accepted, or the rejection reason")
     ax_reasons.set_xlabel("minutes since the run started")
@@ -355,6 +359,26 @@ PLOTS: list[tuple[str, str, str]] = [
 ]
 
 
+# file -> (panels, inches per panel, draw(data, axes, figure, config))
+LAYOUT: dict[str, tuple[int, float, Callable[[RunData, list, Any, SpadeConfig], None]]] = {
+    "regret.png": (2, 3.2, lambda d, ax, fig, cfg: plot_regret(d, *ax,
+                                                                cfg.validation.solution_score)),
+    "designs.png": (2, 3.2, lambda d, ax, fig, cfg: plot_designs(d, *ax)),
+    "diversity.png": (1, 3.6, lambda d, ax, fig, cfg: plot_diversity(d, *ax)),
+    "embedding_map.png": (1, 6.5, lambda d, ax, fig, cfg: plot_embedding_map(d, *ax, fig)),
+    "trainer.png": (2, 3.2, lambda d, ax, fig, cfg: plot_trainer(d, *ax)),
+    "eval.png": (1, 3.6, lambda d, ax, fig, cfg: plot_eval(d, *ax)),
+}
+
+
+def _same_x(*axes) -> None:
+    """Panels over the same minutes get the same x range."""
+    lo = min(a.get_xlim()[0] for a in axes)
+    hi = max(a.get_xlim()[1] for a in axes)
+    for a in axes:
+        a.set_xlim(lo, hi)
+
+
 def summary(cfg: SpadeConfig, d: RunData) -> dict[str, Any]:
     outcomes = Counter(_outcome(x) for x in d.designs)
     regrets = [float(p.get("regret", 0.0)) for p in d.plays]
@@ -392,47 +416,12 @@ def write_report(cfg: SpadeConfig, out: Path,
     progress("reading the run's logs, the memory and the trainer's metrics")
     d = load_run(cfg)
 
-    def figure(rows: int, height: float = 3.2, sharex: bool = False):
-        fig, axes = plt.subplots(rows, 1, figsize=(9, height * rows), squeeze=False,
-                                 sharex=sharex)
-        return fig, [a[0] for a in axes]
-
-    def regret():  # both panels over the run's minutes
-        fig, (a, b) = figure(2, sharex=bool(d.plays and d.episodes))
-        plot_regret(d, a, b, cfg.validation.solution_score)
-        return fig
-
-    def designs():
-        fig, (a, b) = figure(2, sharex=bool(d.designs))
-        plot_designs(d, a, b)
-        return fig
-
-    def diversity():
-        fig, (a,) = figure(1, 3.6)
-        plot_diversity(d, a)
-        return fig
-
-    def embedding_map():
-        fig, (a,) = figure(1, 6.5)
-        plot_embedding_map(d, a, fig)
-        return fig
-
-    def trainer():
-        fig, (a, b) = figure(2)
-        plot_trainer(d, a, b)
-        return fig
-
-    def evaluation():
-        fig, (a,) = figure(1, 3.6)
-        plot_eval(d, a)
-        return fig
-
-    draw: dict[str, Callable[[], Any]] = {"regret.png": regret, "designs.png": designs, "diversity.png": diversity,
-            "embedding_map.png": embedding_map, "trainer.png": trainer, "eval.png": evaluation}
     files = []
     for name, _, _ in PLOTS:
         progress(f"plotting {name}")
-        fig = draw[name]()
+        panels, inches, draw = LAYOUT[name]
+        fig, axes = plt.subplots(panels, 1, figsize=(9, inches * panels), squeeze=False)
+        draw(d, [a[0] for a in axes], fig, cfg)
         fig.tight_layout()
         fig.savefig(out / name, dpi=110)
         plt.close(fig)

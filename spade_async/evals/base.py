@@ -152,17 +152,9 @@ def store_result(data_dir: Path, result: SuiteResult) -> Path:
 
 
 def load_results(data_dir: Path) -> list[dict[str, Any]]:
-    out = []
-    try:
-        lines = (eval_dir(data_dir) / "results.jsonl").read_text().splitlines()
-    except OSError:
-        return []
-    for line in lines:
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            continue
-    return out
+    from spade_async.report import read_jsonl
+
+    return read_jsonl(eval_dir(data_dir) / "results.jsonl")
 
 
 def model_for_version(cfg: Any, version: int, current: tuple[int, str]) -> str:
