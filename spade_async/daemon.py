@@ -37,6 +37,7 @@ from spade_async.designer import Design, design
 from spade_async.endpoints.pool import EndpointError, EndpointPool
 from spade_async.envs.validate import ValidationReport, validate
 from spade_async.episode import Episode, run_episode
+from spade_async.failures import Failures, GaveUp, failure_kind
 from spade_async.logs import get_logger
 from spade_async.metrics import Metrics
 from spade_async.regret import DesignStatus, EnvRegret, design_reward, env_regret, group_advantages
@@ -44,6 +45,14 @@ from spade_async.sandbox.runtime import Sandbox, SandboxError
 from spade_async.spool import BatchSpool, Sample
 
 log = get_logger("daemon")
+
+# Failures that mean "the endpoint is not there" rather than "it failed this request": the
+# work is waited out (with back-off) instead of using up its retry budget.
+OUTAGE = frozenset({"no_endpoint", "connection", "model_not_served"})
+# Episode failures worth another try: the endpoint's, or a sandbox worker that never started.
+# The environment's own failures (sandbox_exception, sandbox_timeout, ...) would repeat.
+RETRY_EPISODE = frozenset({"timeout", "deadline", "http_5xx", "http_429", "malformed",
+                           "unavailable", "token_mismatch", "endpoint", "sandbox_start"})
 
 
 # ---- what the daemon needs from the memory (memory_db implements it; tests may fake it) ----
@@ -133,7 +142,8 @@ class DocGroup:
     regrets: dict[str, EnvRegret] = field(default_factory=dict)
     checks_passed: dict[str, float] = field(default_factory=dict)
     agent_samples: list[Sample] = field(default_factory=list)
-    request_failures: int = 0  # design requests the endpoints failed, this attempt
+    request_failures: list[str] = field(default_factory=list)  # kinds, this attempt
+    unscored: set[str] = field(default_factory=set)  # env ids whose play was given up
     pending: int = 0
     done: anyio.Event = field(default_factory=anyio.Event)
 
@@ -160,6 +170,7 @@ class Daemon:
         self.start_version = 0
         self.waiting_for_trainer = False
         self.metrics = Metrics()
+        self.failures = Failures(run_dir, self.metrics)
 
     # ---- the loop --------------------------------------------------------------------------
 
@@ -230,10 +241,15 @@ class Daemon:
         async def one(f: Path) -> None:  # validations run side by side in the sandbox slots
             nonlocal stored
             code = f.read_text()
-            report = await validate(code, self.sandbox, self.cfg.validation)
-            status, _, reason = await self.memory.add_design(
-                code, report, doc_id=f"seed:{f.stem}", chunk_id="seed", excerpt="",
-                policy_version=0)
+            try:
+                report = await self._validate(code, seed=f.stem)
+                status, _, reason = await self._memory_op(
+                    lambda: self.memory.add_design(
+                        code, report, doc_id=f"seed:{f.stem}", chunk_id="seed", excerpt="",
+                        policy_version=0), seed=f.stem)
+            except GaveUp as exc:
+                await self.failures.give_up("seed", str(exc), seed=f.stem)
+                return
             stored += status is DesignStatus.ACCEPTED
             if status is not DesignStatus.ACCEPTED:
                 log.warning("seed_rejected", seed=f.stem, reason=reason)
@@ -295,6 +311,7 @@ class Daemon:
         loop's, at `eval.concurrency`, and a failure is logged, never raised into the loop.
         Versions already in <data_dir>/eval/results.jsonl are not evaluated again."""
         from spade_async.evals.base import evaluate_version, load_results
+        from spade_async.evals.bfcl import BfclSetupError
 
         every = self.cfg.eval.every_versions
         done = {int(r.get("version", -1)) for r in load_results(self.cfg.paths.data_dir)}
@@ -312,10 +329,12 @@ class Daemon:
                     self.counters["evals"] += 1
                     for r in results:
                         log.info("evaluated", **r.summary())
-                except Exception as exc:  # an evaluation never stops the self-play loop
+                except Exception as exc:  # an evaluation never stops the self-play loop...
+                    kind = "setup" if isinstance(exc, BfclSetupError) else failure_kind(exc)
+                    if kind is None:
+                        raise  # ...but a bug in it does: fail fast, with its traceback
                     self.counters["eval_failures"] += 1
-                    log.error("eval_failed", version=version, error=f"{type(exc).__name__}: "
-                              f"{exc}")
+                    self.failures.count("eval", kind, exc, version=version)
                 finally:
                     self.in_flight["evals"] -= 1
             await anyio.sleep(self.cfg.daemon.status_interval_s)
@@ -339,7 +358,11 @@ class Daemon:
 
     async def _replay_one(self, send_env) -> None:
         async with send_env:
-            env = await self.memory.sample_replay()
+            try:
+                env = await self._memory_op(self.memory.sample_replay, what="replay")
+            except GaveUp as exc:
+                await self.failures.give_up("replay", str(exc))
+                return
             if env is not None:
                 self.counters["replays"] += 1
                 await send_env.send(PlayJob(env.env_id, env.code, env.name, None))
@@ -348,9 +371,7 @@ class Daemon:
         group = DocGroup(chunk)
         try:
             async with send_env:
-                examples = []
-                if self.cfg.daemon.examples_k:
-                    examples = await self.memory.examples(chunk.text, self.cfg.daemon.examples_k)
+                examples = await self._examples(chunk)
                 await self._design_all(group, examples)
                 accepted = [d for d in group.designs
                             if group.status[d.design_id] is DesignStatus.ACCEPTED]
@@ -365,27 +386,70 @@ class Daemon:
         finally:
             limiter.release()
 
+    async def _examples(self, chunk: Chunk) -> list[str]:
+        """Memory examples for the designer prompt; a failed search designs without them."""
+        if not self.cfg.daemon.examples_k:
+            return []
+        try:
+            return await self.memory.examples(chunk.text, self.cfg.daemon.examples_k)
+        except Exception as exc:
+            kind = failure_kind(exc)
+            if kind is None:
+                raise
+            self.failures.count("examples", kind, exc, chunk=chunk.chunk_id)
+            return []
+
     async def _design_all(self, group: DocGroup, examples: list[str]) -> None:
-        """The document's G designs. When the endpoints failed every one of them (down, or
-        not serving the model yet), the document is not used up: it is designed again after a
-        back-off (1 s, doubling to 30 s), so a dead endpoint neither spins through the corpus
-        nor loses documents."""
-        n = self.cfg.daemon.designs_per_document
-        delay = 1.0
+        """The document's G designs. When the endpoints failed every one of them, the
+        document is designed again after a back-off (1 s, doubling to 30 s): an outage (no
+        endpoint up, connection refused, the model not served yet) is waited out, so a dead
+        endpoint neither spins through the corpus nor loses documents; other failures
+        (timeouts, deadlines, 5xx, malformed answers) get `daemon.document_attempts` tries,
+        then the document is given up and recorded."""
+        dcfg = self.cfg.daemon
+        n = dcfg.designs_per_document
+        delay, tries = 1.0, 0
         while True:
-            group.request_failures = 0
+            group.request_failures = []
             async with anyio.create_task_group() as tg:
                 for _ in range(n):
                     tg.start_soon(self._one_design, group, examples)
-            if group.designs or group.request_failures < n or self._stopping:
+            failed = group.request_failures
+            if group.designs or len(failed) < n or self._stopping:
+                return
+            outage = all(kind in OUTAGE for kind in failed)
+            tries += 0 if outage else 1
+            if tries >= dcfg.document_attempts:
+                await self.failures.give_up(
+                    "document", f"all {n} design requests failed on {tries} tries (last: "
+                    + ", ".join(f"{k} {v}" for k, v in sorted(Counter(failed).items())) + ")",
+                    doc_id=group.chunk.doc_id, chunk=group.chunk.chunk_id)
                 return
             self.counters["documents_retried"] += 1
             log.warning("document_designs_all_failed", chunk=group.chunk.chunk_id,
-                        retry_in_s=delay)
+                        kinds=sorted(set(failed)), outage=outage, retry_in_s=delay,
+                        tries=tries, of=dcfg.document_attempts)
             end = time.monotonic() + delay
             while not self._stopping and time.monotonic() < end:
                 await anyio.sleep(min(0.2, end - time.monotonic()))
             delay = min(30.0, delay * 2)
+
+    async def _validate(self, code: str, **context: Any) -> ValidationReport:
+        """The validation pipeline; a sandbox worker that did not start is the host's fault,
+        not the design's, and is tried again (`daemon.item_attempts`)."""
+        self.in_flight["validations"] += 1
+        try:
+            return await self.failures.retrying(
+                "validation", lambda: validate(code, self.sandbox, self.cfg.validation),
+                attempts=self.cfg.daemon.item_attempts, **context)
+        finally:
+            self.in_flight["validations"] -= 1
+
+    async def _memory_op(self, call: Any, **context: Any) -> Any:
+        """A memory operation, tried again on I/O failure (each is idempotent: inserts are
+        keyed by the code's hash)."""
+        return await self.failures.retrying("memory", call,
+                                            attempts=self.cfg.daemon.item_attempts, **context)
 
     async def _one_design(self, group: DocGroup, examples: list[str]) -> None:
         dcfg, chunk = self.cfg.daemon, group.chunk
@@ -400,25 +464,26 @@ class Daemon:
                 deadline_s=self.cfg.rollout.request_deadline_s,
             )
         except EndpointError as exc:
-            self.counters["design_request_failed"] += 1
-            group.request_failures += 1
-            log.warning("design_request_failed", chunk=chunk.chunk_id, error=str(exc))
+            self.failures.count("design", exc.kind, exc, chunk=chunk.chunk_id)
+            group.request_failures.append(exc.kind)
             return
         finally:
             self.in_flight["designs"] -= 1
         self.counters["designs"] += 1
         self._sampled_with(d.policy_version, episode=False)
-        report = None
-        if d.code is not None:
-            self.in_flight["validations"] += 1
-            try:
-                report = await validate(d.code, self.sandbox, self.cfg.validation)
-            finally:
-                self.in_flight["validations"] -= 1
-        status, env_id, reason = await self.memory.add_design(
-            d.code, report, doc_id=chunk.doc_id, chunk_id=chunk.chunk_id, excerpt=chunk.text,
-            policy_version=d.policy_version,
-        )
+        try:
+            report = None if d.code is None else await self._validate(
+                d.code, chunk=chunk.chunk_id, design_id=d.design_id)
+            status, env_id, reason = await self._memory_op(
+                lambda: self.memory.add_design(
+                    d.code, report, doc_id=chunk.doc_id, chunk_id=chunk.chunk_id,
+                    excerpt=chunk.text, policy_version=d.policy_version),
+                chunk=chunk.chunk_id, design_id=d.design_id)
+        except GaveUp as exc:
+            # Not the designer's doing: the design gets no reward and no sample.
+            await self.failures.give_up("design", str(exc), chunk=chunk.chunk_id,
+                                        design_id=d.design_id, failed_in=exc.stage)
+            return
         group.designs.append(d)
         group.status[d.design_id] = status
         if report is not None:
@@ -455,43 +520,19 @@ class Daemon:
                             job.group.done.set()
 
     async def _play(self, job: PlayJob) -> None:
+        """K_u unhinted and K_h hinted episodes of one environment, its regret, its memory
+        stats and its agent samples. Only episodes that ran to their end are scores: one that
+        failed (endpoint, sandbox, deadline) after its tries never enters R_u, R_h or the
+        memory, and when a side has no score left the play is given up (recorded)."""
         rcfg = self.cfg.rollout
         self.policy.refresh()
         model, version = self.policy.model, self.policy.version
         results: dict[bool, list[Episode]] = {False: [], True: []}
 
         async def one(hinted: bool, seed: int) -> None:
-            self.in_flight["episodes"] += 1
-            try:
-                async with self.sandbox.open(job.code) as env:
-                    hint = None
-                    if hinted:
-                        await env.reset(seed)
-                        hint = await env.hint()
-                    ep = await run_episode(env, self.pool, self.chat, env_id=job.env_id,
-                                           seed=seed, hint=hint, model=model,
-                                           policy_version=version, cfg=rcfg)
-            except SandboxError as exc:
-                ep = Episode(f"ep-{uuid.uuid4().hex[:12]}", job.env_id, seed, hinted, version,
-                             model, error=f"sandbox: {exc}")
-            except EndpointError as exc:
-                self.counters["episode_request_failed"] += 1
-                ep = Episode(f"ep-{uuid.uuid4().hex[:12]}", job.env_id, seed, hinted, version,
-                             model, error=f"endpoint: {exc}")
-            finally:
-                self.in_flight["episodes"] -= 1
+            ep = await self._episode(job, hinted, seed, model, version)
             results[hinted].append(ep)
-            self.counters["episodes"] += 1
-            self.counters["episodes_hinted" if hinted else "episodes_unhinted"] += 1
-            if ep.error:
-                self.counters["episode_errors"] += 1
-            self.counters["tokens_sampled"] += ep.sampled_tokens
-            self.metrics.episodes.labels(str(hinted).lower(),
-                                         "error" if ep.error else "ok").inc()
-            self.metrics.tokens.labels("agent").inc(ep.sampled_tokens)
-            await self._append("episodes", {"time": time.time(), **ep.as_record()})
-            if ep.error is None and ep.sampled_tokens:
-                self._sampled_with(ep.policy_version, episode=True)
+            await self._record_episode(ep)
 
         seeds = [self._rng.randrange(2**31) for _ in range(rcfg.k_unhinted)]
         async with anyio.create_task_group() as tg:
@@ -500,13 +541,39 @@ class Daemon:
             for s in seeds[: rcfg.k_hinted] + [self._rng.randrange(2**31)
                                                for _ in range(rcfg.k_hinted - len(seeds))]:
                 tg.start_soon(one, True, s)
-        unhinted = [e.score for e in results[False]]
-        hinted = [e.score for e in results[True]]
+        samples = self._agent_samples(results, version)
+        scored = {h: [e.score for e in eps if e.error is None] for h, eps in results.items()}
+        if scored[False] and scored[True]:
+            await self._score_play(job, scored[False], scored[True], version)
+        else:
+            failed = Counter(e.error_kind for eps in results.values() for e in eps if e.error)
+            await self.failures.give_up(
+                "play", f"no score on one side: {len(scored[False])}/{len(results[False])} "
+                f"unhinted and {len(scored[True])}/{len(results[True])} hinted episodes "
+                "finished (failed: " + ", ".join(f"{k} {v}" for k, v in sorted(failed.items()))
+                + ")", env_id=job.env_id, replayed=job.group is None)
+            if job.group is not None:
+                job.group.unscored.add(job.env_id)
+        if job.group is not None:
+            job.group.agent_samples += samples
+        elif samples:
+            await self._write_batch(samples)
+        if self.cfg.daemon.mode == "fixed":
+            self.iterations += 1
+
+    async def _score_play(self, job: PlayJob, unhinted: list[float], hinted: list[float],
+                          version: int) -> None:
         regret = env_regret(unhinted, hinted, self.cfg.regret)
         self.regrets.append(regret.regret)
         self.metrics.regret.observe(regret.regret)
-        await self.memory.record_play(job.env_id, unhinted, hinted, regret,
-                                      replayed=job.group is None)
+        if job.group is not None:
+            job.group.regrets[job.env_id] = regret
+        try:
+            await self._memory_op(lambda: self.memory.record_play(
+                job.env_id, unhinted, hinted, regret, replayed=job.group is None),
+                env_id=job.env_id)
+        except GaveUp as exc:  # the regret still counts; the memory's stats miss this play
+            await self.failures.give_up("play_stats", str(exc), env_id=job.env_id)
         log.info("env_played", env_id=job.env_id, replayed=job.group is None,
                  **{k: round(v, 4) if isinstance(v, float) else v
                     for k, v in regret.as_dict().items()})
@@ -514,14 +581,59 @@ class Daemon:
                                      "replayed": job.group is None, "policy_version": version,
                                      "unhinted": unhinted, "hinted": hinted,
                                      **regret.as_dict()})
-        samples = self._agent_samples(results, version)
-        if job.group is not None:
-            job.group.regrets[job.env_id] = regret
-            job.group.agent_samples += samples
-        elif samples:
-            await self._write_batch(samples)
-        if self.cfg.daemon.mode == "fixed":
-            self.iterations += 1
+
+    async def _episode(self, job: PlayJob, hinted: bool, seed: int, model: str,
+                       version: int) -> Episode:
+        """One episode, tried again when the endpoint failed it or no sandbox worker started
+        (`rollout.episode_attempts`; an outage is waited out without using them). The last
+        try is returned, failed or not."""
+        tries, delay = 0, 1.0
+        while True:
+            ep = await self._episode_once(job, hinted, seed, model, version)
+            if ep.error is None:
+                return ep
+            kind = ep.error_kind or "unknown"
+            self.failures.count("episode", kind, None, env_id=job.env_id,
+                                episode_id=ep.episode_id, hinted=hinted, error=ep.error[:600])
+            tries += 0 if kind in OUTAGE else 1
+            retry = kind in OUTAGE or kind in RETRY_EPISODE
+            if not retry or tries >= self.cfg.rollout.episode_attempts or self._stopping:
+                return ep
+            end = time.monotonic() + delay
+            while not self._stopping and time.monotonic() < end:
+                await anyio.sleep(min(0.2, end - time.monotonic()))
+            delay = min(30.0, delay * 2)
+
+    async def _episode_once(self, job: PlayJob, hinted: bool, seed: int, model: str,
+                            version: int) -> Episode:
+        self.in_flight["episodes"] += 1
+        try:
+            async with self.sandbox.open(job.code) as env:
+                hint = None
+                if hinted:
+                    await env.reset(seed)
+                    hint = await env.hint()
+                return await run_episode(env, self.pool, self.chat, env_id=job.env_id,
+                                         seed=seed, hint=hint, model=model,
+                                         policy_version=version, cfg=self.cfg.rollout)
+        except (SandboxError, EndpointError) as exc:
+            return Episode(f"ep-{uuid.uuid4().hex[:12]}", job.env_id, seed, hinted, version,
+                           model, error=f"{type(exc).__name__}: {exc}",
+                           error_kind=failure_kind(exc))
+        finally:
+            self.in_flight["episodes"] -= 1
+
+    async def _record_episode(self, ep: Episode) -> None:
+        self.counters["episodes"] += 1
+        self.counters["episodes_hinted" if ep.hinted else "episodes_unhinted"] += 1
+        if ep.error:
+            self.counters["episode_errors"] += 1
+        self.counters["tokens_sampled"] += ep.sampled_tokens
+        self.metrics.episodes.labels(str(ep.hinted).lower(), "error" if ep.error else "ok").inc()
+        self.metrics.tokens.labels("agent").inc(ep.sampled_tokens)
+        await self._append("episodes", {"time": time.time(), **ep.as_record()})
+        if ep.error is None and ep.sampled_tokens:
+            self._sampled_with(ep.policy_version, episode=True)
 
     def _agent_samples(self, results: dict[bool, list[Episode]], version: int) -> list[Sample]:
         eps = self.cfg.regret.advantage_eps
@@ -545,8 +657,12 @@ class Daemon:
     # ---- batches ---------------------------------------------------------------------------
 
     async def _finish_document(self, group: DocGroup) -> None:
+        # A design whose environment could not be scored (its play was given up) has no
+        # reward: it is left out of the group rather than paid for our failures.
+        designs = [d for d in group.designs
+                   if group.env_of.get(d.design_id) not in group.unscored]
         rewards = []
-        for d in group.designs:
+        for d in designs:
             st = group.status[d.design_id]
             rewards.append(design_reward(st, group.regrets.get(group.env_of.get(d.design_id, "")),
                                          self.cfg.regret, group.checks_passed.get(d.design_id, 0)))
@@ -555,7 +671,7 @@ class Daemon:
         if adv is None:
             self.counters["designer_groups_zero_variance"] += 1
         else:
-            for d, a, r in zip(group.designs, adv, rewards, strict=True):
+            for d, a, r in zip(designs, adv, rewards, strict=True):
                 samples.append(Sample(
                     sample_id=d.design_id, role="designer",
                     env_id=group.env_of.get(d.design_id, ""), policy_version=d.policy_version,
@@ -576,7 +692,13 @@ class Daemon:
         self.counters["samples_stale_dropped"] += len(samples) - len(fresh)
         if not fresh:
             return
-        seq = await anyio.to_thread.run_sync(self.spool.write, fresh)
+        try:  # a failed write leaves no batch behind (temp file, then rename): safe to redo
+            seq = await self.failures.retrying(
+                "spool", lambda: anyio.to_thread.run_sync(self.spool.write, fresh),
+                attempts=self.cfg.daemon.item_attempts, samples=len(fresh))
+        except GaveUp as exc:
+            await self.failures.give_up("batch", str(exc), samples=len(fresh))
+            return
         self.counters["batches"] += 1
         self.counters["samples"] += len(fresh)
         self.metrics.batches.inc()
@@ -617,6 +739,7 @@ class Daemon:
             "policy_version": self.policy.version,
             "model": self.policy.model,
             "counters": dict(self.counters),
+            "failures": self.failures.as_dict(),
             "rejection_reasons": dict(self.reasons),
             "in_flight": dict(self.in_flight),
             "env_queue_depth": self._queue_depth(),

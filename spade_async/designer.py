@@ -101,7 +101,7 @@ async def design(
     max_tokens: int,
     temperature: float,
     max_seq_len: int,
-    deadline_s: float,
+    deadline_s: float | None,
     prefill: str = "",
 ) -> Design:
     """`prefill` opens the reply (e.g. a code fence): its tokens end the prompt (mask 0), and

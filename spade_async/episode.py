@@ -29,6 +29,8 @@ log = get_logger("episode")
 class TokenMismatch(EndpointError):
     """The server did not continue the exact id sequence it was sent."""
 
+    kind = "token_mismatch"
+
 
 @dataclass
 class Turn:
@@ -57,6 +59,7 @@ class Episode:
     terminated: bool = False
     truncated: bool = False
     error: str | None = None
+    error_kind: str | None = None  # the failures ledger's label: timeout, sandbox_crashed, ...
 
     @property
     def sampled_tokens(self) -> int:
@@ -124,7 +127,7 @@ async def run_episode(
         try:
             first = await env.reset(seed)
         except SandboxError as exc:
-            ep.error = f"reset: {exc}"
+            ep.error, ep.error_kind = f"reset: {exc}", f"sandbox_{exc.kind}"
             return ep
         ep.first_observation = first.observation
         messages = [{"role": "system", "content": agent_system_prompt(meta, hint)},
@@ -142,7 +145,8 @@ async def run_episode(
                                       deadline_s=cfg.request_deadline_s)
             if list(out.prompt_token_ids) != ep.token_ids:
                 raise TokenMismatch(f"{out.endpoint} echoed a different prompt than it was sent "
-                                    f"({len(out.prompt_token_ids)} vs {len(ep.token_ids)} ids)")
+                                    f"({len(out.prompt_token_ids)} vs {len(ep.token_ids)} ids)",
+                                    endpoint=out.endpoint, attempts=1)
             ep.token_ids += out.token_ids
             ep.loss_mask += [1] * len(out.token_ids)
             ep.logprobs += out.logprobs
@@ -150,7 +154,7 @@ async def run_episode(
             try:
                 res = await env.step(action)
             except SandboxError as exc:
-                ep.error = f"step {turn}: {exc}"
+                ep.error, ep.error_kind = f"step {turn}: {exc}", f"sandbox_{exc.kind}"
                 ep.turns.append(Turn(action, "", 0.0, len(out.token_ids), out.finish_reason))
                 break
             rewards.append(res.reward)
@@ -168,7 +172,8 @@ async def run_episode(
             ep.logprobs += [0.0] * len(between)
     ep.score = episode_score(rewards)
     if scope.cancelled_caught:
-        ep.error = f"episode exceeded its {cfg.episode_deadline_s:g}s deadline"
+        ep.error = f"the episode exceeded its {cfg.episode_deadline_s:g}s deadline"
+        ep.error_kind = "deadline"
         ep.truncated = True
     log.debug("episode_done", env_id=env_id, episode_id=ep.episode_id, hinted=ep.hinted,
               score=ep.score, turns=len(ep.turns), error=ep.error)

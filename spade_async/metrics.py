@@ -30,6 +30,11 @@ class Metrics:
                                registry=r)
         self.endpoint_in_flight = Gauge("spade_endpoint_in_flight", "requests in flight",
                                         ["endpoint"], registry=r)
+        self.failures = Counter("spade_failures", "expected failures of work items, by stage "
+                                "and kind (deadline, timeout, connection, http_5xx, ...)",
+                                ["stage", "kind"], registry=r)
+        self.given_up = Counter("spade_given_up", "work items abandoned after their retry "
+                                "budget, by stage", ["stage"], registry=r)
         self.queue_depth = Gauge("spade_env_queue_depth", "accepted envs waiting to be played",
                                  registry=r)
 

@@ -1,10 +1,21 @@
 """Async pool over OpenAI-compatible endpoints: routing, deadlines, retries, health.
 
 Routes each request to the up endpoint with the fewest in-flight requests relative to its
-`max_concurrency`, never above it; retries connect errors, timeouts, 429 and 5xx with jittered
-exponential back-off (on another endpoint when one is free); a 4xx other than 429 is the caller's
-mistake and is raised at once, with the server's message. Consecutive failures take an endpoint out
-of rotation; the health loop (`run`) or a half-open retry after `health_interval_s` brings it back.
+`max_concurrency`, never above it; retries connect errors, timeouts, 429, 5xx and malformed
+bodies with jittered exponential back-off (on another endpoint when one is free); a 4xx other
+than 429 is the caller's mistake and is raised at once, with the server's message. Consecutive
+failures take an endpoint out of rotation; the health loop (`run`) or a half-open retry after
+`health_interval_s` brings it back.
+
+One error contract: whatever goes wrong with a request leaves the pool as an `EndpointError`
+subclass naming the endpoint, the attempts made and the seconds spent, with a `kind` that
+callers count failures by. No bare `TimeoutError` or httpx exception gets out.
+
+Each attempt's timeout fits the request and the machine: the larger of the endpoint's
+`request_timeout_s` and `timeout_margin` times the time the endpoint's measured speed predicts
+for the tokens asked (prompt and completion) at its current load; before there is a measurement,
+`min_tokens_per_s` stands in for it. A slow CPU server gets the time it needs; a stalled one is
+still given up on.
 
 Responses keep the server's exact token ids and behaviour log-probs (vLLM's `logprobs` +
 `return_token_ids`): training never re-tokenizes text. This module must never know the daemon.
@@ -15,8 +26,8 @@ from __future__ import annotations
 import math
 import random
 import time
-from collections import Counter
-from collections.abc import Sequence
+from collections import Counter, deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,33 +42,105 @@ log = get_logger("pool")
 
 
 class EndpointError(RuntimeError):
-    """Base of what the pool raises; the message names the endpoint and what went wrong."""
+    """Base of what the pool raises; the message names the endpoint and what went wrong.
+
+    `endpoint` is the server that failed last (None when none was reached), `attempts` the
+    tries made, `elapsed_s` the seconds since the request started; `kind` is a short label for
+    counters (deadline, timeout, connection, http_5xx, http_429, malformed, no_endpoint, ...)."""
+
+    kind = "endpoint"
+
+    def __init__(self, message: str, *, endpoint: str | None = None, attempts: int = 0,
+                 elapsed_s: float = 0.0) -> None:
+        super().__init__(message)
+        self.endpoint, self.attempts, self.elapsed_s = endpoint, attempts, elapsed_s
 
 
 class EndpointRequestError(EndpointError):
     """The server refused the request itself (4xx): retrying elsewhere would not help."""
 
-    def __init__(self, endpoint: str, status: int, detail: str) -> None:
-        super().__init__(f"endpoint '{endpoint}' rejected the request with HTTP {status}: {detail}")
-        self.endpoint, self.status, self.detail = endpoint, status, detail
+    kind = "rejected"
+
+    def __init__(self, endpoint: str, status: int, detail: str, *, attempts: int = 1,
+                 elapsed_s: float = 0.0) -> None:
+        super().__init__(f"endpoint '{endpoint}' rejected the request with HTTP {status}: "
+                         f"{detail}", endpoint=endpoint, attempts=attempts, elapsed_s=elapsed_s)
+        self.status, self.detail = status, detail
 
 
 class ModelNotServed(EndpointRequestError):
     """Every endpoint that is up lists its models, and none serves the one asked for."""
+
+    kind = "model_not_served"
 
     def __init__(self, model: str, served: list[str]) -> None:
         super().__init__("pool", 404, f"model '{model}' is not served by any endpoint "
                          f"(served: {', '.join(served) or 'nothing'})")
 
 
+class EndpointCapabilityError(EndpointError):
+    """The server answered, but without what the caller needs (token ids, log-probs)."""
+
+    kind = "capability"
+
+
 class EndpointUnavailable(EndpointError):
-    """No endpoint could serve the request within the attempts and deadline allowed."""
+    """No endpoint could serve the request within the attempts and deadline allowed. The
+    subclass says how the last attempt failed."""
+
+    kind = "unavailable"
+
+
+class NoEndpointUp(EndpointUnavailable):
+    """No endpoint was up (or had a free slot) within `wait_for_endpoint_s`."""
+
+    kind = "no_endpoint"
+
+
+class EndpointConnectionError(EndpointUnavailable):
+    """The connection failed: refused, reset, or closed before a whole answer."""
+
+    kind = "connection"
+
+
+class EndpointTimeout(EndpointUnavailable):
+    """An attempt got no answer within its timeout."""
+
+    kind = "timeout"
+
+
+class EndpointServerError(EndpointUnavailable):
+    """The server answered 5xx or 429 (overloaded) on the last attempt."""
+
+    kind = "http_5xx"
+
+    def __init__(self, message: str, *, status: int, **kw: Any) -> None:
+        super().__init__(message, **kw)
+        self.status = status
+        if status == 429:
+            self.kind = "http_429"
+
+
+class EndpointMalformedResponse(EndpointUnavailable):
+    """The server answered 2xx with a body that is not the expected JSON."""
+
+    kind = "malformed"
+
+
+class EndpointDeadlineExceeded(EndpointUnavailable):
+    """The request's own deadline (`deadline_s`, retries included) passed."""
+
+    kind = "deadline"
 
 
 class _Retryable(Exception):
-    def __init__(self, reason: str) -> None:
+    def __init__(self, kind: type[EndpointUnavailable], reason: str, status: int = 0) -> None:
         super().__init__(reason)
-        self.reason = reason
+        self.cls, self.reason, self.status = kind, reason, status
+
+
+class _Malformed(Exception):
+    """Raised by a response parser: the body is not what the route returns."""
 
 
 @dataclass(frozen=True)
@@ -107,8 +190,43 @@ class EndpointHealth:
         }
 
 
+# A prompt token costs this fraction of a sampled token (prefill is batched, decode is not).
+PREFILL_WEIGHT = 0.05
+
+
+@dataclass(frozen=True)
+class Work:
+    """What one generation request asks of a server: the attempt timeout scales with it."""
+
+    prompt_tokens: int
+    max_tokens: int
+
+    def units(self, completion_tokens: int | None = None) -> float:
+        done = self.max_tokens if completion_tokens is None else completion_tokens
+        return max(1.0, done + PREFILL_WEIGHT * self.prompt_tokens)
+
+
+class SpeedMeter:
+    """Seconds per unit of work per concurrent request, over the last `window` successful
+    generations of one endpoint. The per-request load normalises for batching: a request that
+    shared the server with 15 others took ~16x the time of one alone on a compute-bound CPU (a
+    GPU does better, which only makes the estimate cautious)."""
+
+    def __init__(self, window: int) -> None:
+        self.samples: deque[float] = deque(maxlen=window)
+
+    def observe(self, seconds: float, units: float, load: float) -> None:
+        self.samples.append(seconds / (units * max(1.0, load)))
+
+    def quantile(self, q: float = 0.9, min_samples: int = 4) -> float | None:
+        if len(self.samples) < min_samples:
+            return None
+        ordered = sorted(self.samples)
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
 class _Endpoint:
-    def __init__(self, cfg: EndpointConfig, client: httpx.AsyncClient) -> None:
+    def __init__(self, cfg: EndpointConfig, client: httpx.AsyncClient, window: int) -> None:
         self.cfg = cfg
         self.client = client
         self.in_flight = 0
@@ -118,6 +236,7 @@ class _Endpoint:
         self.model_in_flight: Counter[str] = Counter()
         # Model ids the server lists (base + adapters); None until a probe has run: serve anything.
         self.models: frozenset[str] | None = None
+        self.speed = SpeedMeter(window)
 
     @property
     def name(self) -> str:
@@ -125,6 +244,16 @@ class _Endpoint:
 
     def load(self) -> float:
         return self.in_flight / self.cfg.max_concurrency
+
+    def attempt_timeout(self, work: Work | None, margin: float) -> float:
+        """Seconds one attempt of `work` may take here (see the module docstring)."""
+        floor = self.cfg.request_timeout_s
+        if work is None:
+            return floor
+        per_unit = self.speed.quantile()
+        if per_unit is None:  # not measured yet: the slowest speed we are told to wait for
+            return max(floor, work.max_tokens / self.cfg.min_tokens_per_s)
+        return max(floor, margin * per_unit * work.units() * max(1, self.in_flight))
 
 
 class EndpointPool:
@@ -148,11 +277,14 @@ class EndpointPool:
                 e,
                 httpx.AsyncClient(
                     base_url=e.base_url.rstrip("/"),
-                    timeout=httpx.Timeout(e.request_timeout_s, connect=min(5.0, e.request_timeout_s)),
+                    # Each attempt's deadline is ours (anyio, sized per request); httpx only
+                    # bounds the connect.
+                    timeout=httpx.Timeout(None, connect=min(5.0, e.request_timeout_s)),
                     limits=httpx.Limits(max_connections=e.max_concurrency + 4),
                     headers={"Authorization": f"Bearer {e.api_key}"} if e.api_key else None,
                     transport=transport,
                 ),
+                self.cfg.speed_window,
             )
             for e in endpoints
         ]
@@ -192,9 +324,16 @@ class EndpointPool:
 
     def snapshot(self) -> list[dict[str, Any]]:
         """Per endpoint, for status: up or down, requests in flight against its limit."""
-        return [{"name": ep.name, "base_url": ep.cfg.base_url, "up": ep.up,
-                 "in_flight": ep.in_flight, "max_concurrency": ep.cfg.max_concurrency,
-                 "weight_swap": ep.cfg.weight_swap.type} for ep in self._endpoints]
+        out = []
+        for ep in self._endpoints:
+            per_unit = ep.speed.quantile()
+            out.append({"name": ep.name, "base_url": ep.cfg.base_url, "up": ep.up,
+                        "in_flight": ep.in_flight, "max_concurrency": ep.cfg.max_concurrency,
+                        "weight_swap": ep.cfg.weight_swap.type,
+                        # p90 seconds per sampled token of one request alone: what the
+                        # attempt timeouts scale with
+                        "s_per_token_p90": None if per_unit is None else round(per_unit, 5)})
+        return out
 
     def in_flight_for(self, name: str, model: str) -> int:
         """Requests in flight on endpoint `name` that asked for `model` (an adapter, say)."""
@@ -357,16 +496,32 @@ class EndpointPool:
         model: str | None = None,
         endpoint: str | None = None,
         deadline_s: float | None = None,
-    ) -> tuple[str, dict[str, Any]]:
-        """POST with routing and retries; returns (endpoint name, JSON body).
+        work: Work | None = None,
+        parse: Callable[[dict[str, Any], str], Any] | None = None,
+    ) -> tuple[str, Any]:
+        """POST with routing and retries; returns (endpoint name, JSON body or `parse(body,
+        endpoint)`).
 
         `endpoint` pins the request to one server (admin calls such as loading an adapter);
-        otherwise `model` restricts routing to servers that serve it.
+        otherwise `model` restricts routing to servers that serve it. `work` sizes each
+        attempt's timeout; `deadline_s` bounds the whole request, retries included. `parse`
+        turns the body into the caller's result inside the attempt, so a malformed body is
+        retried like any other transient failure.
         """
         errors: list[str] = []
         tried: set[str] = set()
-        deadline = math.inf if deadline_s is None else deadline_s
-        with anyio.fail_after(deadline):
+        start = time.monotonic()
+        last: _Retryable | None = None
+        last_ep: str | None = None
+        attempts = 0
+
+        def fail(cls: type[EndpointUnavailable], what: str, **kw: Any) -> EndpointUnavailable:
+            return cls(f"POST {path} {what} after {attempts} attempt(s) in "
+                       f"{time.monotonic() - start:.1f}s: " + ("; ".join(errors) or "no attempt"),
+                       endpoint=last_ep, attempts=attempts,
+                       elapsed_s=round(time.monotonic() - start, 3), **kw)
+
+        with anyio.move_on_after(math.inf if deadline_s is None else deadline_s) as scope:
             for attempt in range(self.cfg.max_attempts):
                 if endpoint is not None:
                     ep = self._get(endpoint)
@@ -376,44 +531,62 @@ class EndpointPool:
                         ep = await self._acquire(model, tried)
                     except TimeoutError:
                         errors.append(f"no endpoint up after {self.cfg.wait_for_endpoint_s}s")
-                        break
+                        raise fail(NoEndpointUp, "found no endpoint") from None
+                attempts, last_ep = attempt + 1, ep.name
                 tried.add(ep.name)
                 if model is not None:
                     ep.model_in_flight[model] += 1
+                load_before = ep.in_flight
+                sent = time.monotonic()
                 try:
-                    body = await self._post_once(ep, path, payload)
+                    body = await self._post_once(ep, path, payload,
+                                                 ep.attempt_timeout(work, self.cfg.timeout_margin))
+                    result = body if parse is None else _parse_or_retry(parse, body, ep.name)
                 except _Retryable as exc:
+                    last = exc
                     errors.append(f"{ep.name}: {exc.reason}")
                     self._mark_failed(ep, exc.reason)
                     log.info("request_retry", endpoint=ep.name, path=path, attempt=attempt + 1,
                              reason=exc.reason)
+                except EndpointError as exc:
+                    exc.attempts, exc.elapsed_s = attempts, round(time.monotonic() - start, 3)
+                    raise
                 else:
                     self._mark_up(ep)
-                    return ep.name, body
+                    if work is not None:
+                        ep.speed.observe(time.monotonic() - sent,
+                                         work.units(_completion_tokens(result)),
+                                         (load_before + ep.in_flight) / 2)
+                    return ep.name, result
                 finally:
                     if model is not None:
                         ep.model_in_flight[model] -= 1
                     self._release(ep)
                 if attempt + 1 < self.cfg.max_attempts:
                     await anyio.sleep(self._backoff(attempt))
-        raise EndpointUnavailable(
-            f"POST {path} failed after {len(errors)} attempt(s): " + "; ".join(errors)
-        )
+        if scope.cancelled_caught:
+            errors.append(f"deadline of {deadline_s:g}s passed")
+            raise fail(EndpointDeadlineExceeded, "missed its deadline")
+        assert last is not None  # the loop ran max_attempts >= 1 times and every one failed
+        extra = {"status": last.status} if last.cls is EndpointServerError else {}
+        raise fail(last.cls, "failed", **extra)
 
     def _backoff(self, attempt: int) -> float:
         cap = min(self.cfg.backoff_max_s, self.cfg.backoff_initial_s * 2**attempt)
         return cap * random.uniform(0.5, 1.0)
 
-    async def _post_once(self, ep: _Endpoint, path: str, payload: dict[str, Any]) -> dict[str, Any]:
+    async def _post_once(self, ep: _Endpoint, path: str, payload: dict[str, Any],
+                         timeout_s: float) -> dict[str, Any]:
         try:
-            with anyio.fail_after(ep.cfg.request_timeout_s):
+            with anyio.fail_after(timeout_s):
                 resp = await ep.client.post(path, json=payload)
         except TimeoutError:
-            raise _Retryable(f"no answer within {ep.cfg.request_timeout_s}s") from None
-        except httpx.TransportError as exc:
-            raise _Retryable(_describe(exc)) from None
+            raise _Retryable(EndpointTimeout, f"no answer within {timeout_s:.0f}s") from None
+        except httpx.TransportError as exc:  # refused, reset, closed mid-body
+            raise _Retryable(EndpointConnectionError, _describe(exc)) from None
         if resp.status_code == 429 or resp.status_code >= 500:
-            raise _Retryable(f"HTTP {resp.status_code}: {_detail(resp)}")
+            raise _Retryable(EndpointServerError, f"HTTP {resp.status_code}: {_detail(resp)}",
+                             resp.status_code)
         if resp.status_code >= 400:
             raise EndpointRequestError(ep.name, resp.status_code, _detail(resp))
         if not resp.content:
@@ -421,6 +594,10 @@ class EndpointPool:
         try:
             body = resp.json()
         except ValueError:
+            if "json" in resp.headers.get("content-type", ""):
+                raise _Retryable(EndpointMalformedResponse,
+                                 f"HTTP {resp.status_code} with a body that is not JSON: "
+                                 f"{resp.text[:120]!r}") from None
             # vLLM's admin routes (load/unload_lora_adapter) answer 200 with plain text.
             return {"text": resp.text}
         return body if isinstance(body, dict) else {"data": body}
@@ -455,10 +632,13 @@ class EndpointPool:
         if extra:
             payload.update(extra)
         start = time.perf_counter()
-        name, body = await self.post(
-            "/v1/chat/completions", payload, model=model, deadline_s=deadline_s
-        )
-        return _parse_chat(body, name, model, time.perf_counter() - start)
+        chars = sum(len(str(m.get("content") or "")) for m in messages)
+        _, out = await self.post(
+            "/v1/chat/completions", payload, model=model, deadline_s=deadline_s,
+            work=Work(chars // 4, max_tokens),  # ~4 characters a token, for sizing only
+            parse=lambda body, name: _parse_chat(body, name, model,
+                                                 time.perf_counter() - start))
+        return out
 
     async def complete(
         self,
@@ -488,8 +668,24 @@ class EndpointPool:
         if extra:
             payload.update(extra)
         start = time.perf_counter()
-        name, body = await self.post("/v1/completions", payload, model=model, deadline_s=deadline_s)
-        return _parse_completion(body, name, model, time.perf_counter() - start, prompt_ids)
+        _, out = await self.post(
+            "/v1/completions", payload, model=model, deadline_s=deadline_s,
+            work=Work(len(prompt_ids), max_tokens),
+            parse=lambda body, name: _parse_completion(body, name, model,
+                                                       time.perf_counter() - start, prompt_ids))
+        return out
+
+
+def _parse_or_retry(parse: Callable[[dict[str, Any], str], Any], body: dict[str, Any],
+                    endpoint: str) -> Any:
+    try:
+        return parse(body, endpoint)
+    except _Malformed as exc:
+        raise _Retryable(EndpointMalformedResponse, str(exc)) from None
+
+
+def _completion_tokens(result: Any) -> int | None:
+    return result.completion_tokens if isinstance(result, Completion) else None
 
 
 def _parse_completion(body: dict[str, Any], endpoint: str, model: str, latency: float,
@@ -501,16 +697,15 @@ def _parse_completion(body: dict[str, Any], endpoint: str, model: str, latency: 
                                             or ()))
         served_prompt = tuple(int(t) for t in choice.get("prompt_token_ids") or prompt_ids)
     except (KeyError, IndexError, TypeError, ValueError) as exc:
-        raise EndpointError(
-            f"endpoint '{endpoint}' returned a malformed completion ({exc!r}): {str(body)[:300]}"
-        ) from None
+        raise _Malformed(f"a malformed completion ({exc!r}): {str(body)[:200]}") from None
     if not token_ids and choice.get("text"):
-        raise EndpointError(f"endpoint '{endpoint}' returned no token ids: it must support "
-                            "vLLM's `return_token_ids` for token-exact training")
+        raise EndpointCapabilityError(
+            f"endpoint '{endpoint}' returned no token ids: it must support vLLM's "
+            "`return_token_ids` for token-exact training", endpoint=endpoint)
     if len(token_ids) != len(logprobs):
-        raise EndpointError(
-            f"endpoint '{endpoint}' returned {len(token_ids)} token ids but {len(logprobs)} log-probs"
-        )
+        raise EndpointCapabilityError(
+            f"endpoint '{endpoint}' returned {len(token_ids)} token ids but {len(logprobs)} "
+            "log-probs", endpoint=endpoint)
     return Completion(
         text=choice.get("text") or "",
         token_ids=token_ids,
@@ -533,13 +728,11 @@ def _parse_chat(body: dict[str, Any], endpoint: str, model: str, latency: float)
         token_ids = tuple(int(t) for t in choice.get("token_ids") or ())
         prompt_ids = tuple(int(t) for t in body.get("prompt_token_ids") or ())
     except (KeyError, IndexError, TypeError, ValueError) as exc:
-        raise EndpointError(
-            f"endpoint '{endpoint}' returned a malformed chat completion ({exc!r}): {str(body)[:300]}"
-        ) from None
+        raise _Malformed(f"a malformed chat completion ({exc!r}): {str(body)[:200]}") from None
     if token_ids and logprobs and len(token_ids) != len(logprobs):
-        raise EndpointError(
-            f"endpoint '{endpoint}' returned {len(token_ids)} token ids but {len(logprobs)} log-probs"
-        )
+        raise EndpointCapabilityError(
+            f"endpoint '{endpoint}' returned {len(token_ids)} token ids but {len(logprobs)} "
+            "log-probs", endpoint=endpoint)
     return Completion(
         text=text,
         token_ids=token_ids,

@@ -24,7 +24,7 @@ from spade_async.envs.contract import (
     EnvMeta,
     episode_score,
 )
-from spade_async.sandbox.runtime import EnvSession, Sandbox, SandboxError
+from spade_async.sandbox.runtime import EnvSession, Sandbox, SandboxError, WorkerStartError
 
 FORBIDDEN_NAMES = frozenset(
     "__import__ eval exec compile open input breakpoint globals locals vars memoryview help "
@@ -282,6 +282,8 @@ async def validate(code: str, sandbox: Sandbox, vcfg: ValidationConfig | None = 
                            "or the solution is broken")
             except SandboxError as exc:
                 _record_failure(results, exc)
+    except WorkerStartError:
+        raise  # the host failed, not the environment: no verdict (the caller may retry)
     except SandboxError as exc:
         if "load" not in results:
             results["load"] = Check("load", False, str(exc) + _tb(exc))

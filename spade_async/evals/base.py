@@ -22,6 +22,9 @@ import anyio
 
 from spade_async.chat_tokens import ChatTokens
 from spade_async.endpoints.pool import EndpointError, EndpointPool
+from spade_async.logs import get_logger
+
+log = get_logger("eval")
 
 
 @dataclass(frozen=True)
@@ -40,6 +43,7 @@ class TaskResult:
     completion_tokens: int = 0
     error: str | None = None
     detail: dict[str, Any] = field(default_factory=dict)
+    failed: bool = False  # the endpoint failed it on every try: not a score, left out of means
 
 
 class EvalPolicy:
@@ -48,7 +52,7 @@ class EvalPolicy:
 
     def __init__(self, pool: EndpointPool, chat: ChatTokens, *, model: str, version: int,
                  max_tokens: int = 512, max_seq_len: int = 4096,
-                 deadline_s: float = 300.0) -> None:
+                 deadline_s: float | None = None) -> None:
         self.pool, self.chat, self.model, self.version = pool, chat, model, version
         self.max_tokens, self.max_seq_len, self.deadline_s = max_tokens, max_seq_len, deadline_s
 
@@ -86,6 +90,7 @@ class SuiteResult:
     version: int
     model: str
     n: int
+    scored: int  # tasks with a score: n minus those the endpoint failed on every try
     score: float
     passed: float
     errors: int
@@ -100,8 +105,12 @@ class SuiteResult:
 
 
 async def run_suite(suite: Suite, policy: EvalPolicy, *, limit: int | None = None,
-                    concurrency: int = 4,
+                    concurrency: int = 4, attempts: int = 2,
                     progress: Callable[[str], None] = lambda _: None) -> SuiteResult:
+    """Every task of the suite, `concurrency` at a time. A task the endpoint failed is tried
+    `attempts` times (a refused request, 4xx, only once); if it still fails it is recorded
+    with `failed` set and is left out of the score and the pass rate (`scored` counts the
+    rest), so an endpoint outage never reads as a weaker model."""
     tasks = await anyio.to_thread.run_sync(suite.tasks, limit)  # generators may be slow
     results: dict[str, TaskResult] = {}
     limiter = anyio.Semaphore(concurrency)
@@ -109,25 +118,36 @@ async def run_suite(suite: Suite, policy: EvalPolicy, *, limit: int | None = Non
 
     async def one(task: EvalTask) -> None:
         async with limiter:
-            try:
-                r = await suite.run_task(task, policy)
-            except EndpointError as exc:
-                r = TaskResult(task.task_id, 0.0, False, error=f"endpoint: {exc}")
+            for attempt in range(1, attempts + 1):
+                try:
+                    r = await suite.run_task(task, policy)
+                    break
+                except EndpointError as exc:
+                    r = TaskResult(task.task_id, 0.0, False, error=f"endpoint {exc.kind}: {exc}",
+                                   failed=True)
+                    log.warning("eval_task_failed", suite=suite.name, task=task.task_id,
+                                kind=exc.kind, attempt=attempt, of=attempts, error=str(exc))
+                    if exc.kind in ("rejected", "capability"):
+                        break
+                    await anyio.sleep(min(30.0, 2.0 ** attempt))
             results[task.task_id] = r
             done = len(results)
             if done == len(tasks) or done % max(1, len(tasks) // 10) == 0:
-                mean = sum(x.score for x in results.values()) / done
+                got = [x.score for x in results.values() if not x.failed]
+                mean = sum(got) / len(got) if got else 0.0
                 progress(f"{suite.name}: {done}/{len(tasks)} tasks, mean score {mean:.3f}")
 
     async with anyio.create_task_group() as tg:
         for task in tasks:
             tg.start_soon(one, task)
     ordered = [results[t.task_id] for t in tasks]
-    n = len(ordered)
+    scored = [r for r in ordered if not r.failed]
+    k = len(scored)
     return SuiteResult(
-        suite=suite.name, version=policy.version, model=policy.model, n=n,
-        score=round(math.fsum(r.score for r in ordered) / n, 4) if n else 0.0,
-        passed=round(sum(r.passed for r in ordered) / n, 4) if n else 0.0,
+        suite=suite.name, version=policy.version, model=policy.model, n=len(ordered),
+        scored=k,
+        score=round(math.fsum(r.score for r in scored) / k, 4) if k else 0.0,
+        passed=round(sum(r.passed for r in scored) / k, 4) if k else 0.0,
         errors=sum(r.error is not None for r in ordered),
         seconds=round(time.perf_counter() - t0, 2), time=time.time(), tasks=ordered)
 

@@ -57,6 +57,11 @@ class EnvException(SandboxError):
     """The environment's own code raised; the worker survives and reports it."""
 
 
+class WorkerStartError(SandboxError):
+    """No worker could be started for the environment: the host's fault (processes, memory,
+    namespaces), never the environment's, so it is no verdict on the code."""
+
+
 def worker_limits(cfg: SandboxConfig, preload: bool) -> dict[str, Any]:
     return {
         "address_space_bytes": cfg.address_space_mb * MB,
@@ -501,6 +506,10 @@ class Sandbox:
                 try:
                     worker = await self._adopt(Worker.launch(
                         self.isolation, slot, self.cfg, self.cgroups, preload=False)).ready()
+                except SandboxError as exc:
+                    self._free.append(slot)
+                    self._notify()
+                    raise WorkerStartError(exc.kind, str(exc)) from None
                 except BaseException:
                     self._free.append(slot)
                     self._notify()
