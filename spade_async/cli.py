@@ -412,17 +412,22 @@ def _status_lines(st: dict, cfg: SpadeConfig) -> list[str]:
                      f"{ep['in_flight']}/{ep['max_concurrency']} in flight "
                      f"({ep['saturation']:.0%} now"
                      + (f", {mean:.0%} mean over 60 s" if mean is not None else "")
-                     + f"), swap {ep['weight_swap']}")
+                     + f"), swap {ep['weight_swap']}"
+                     + (f", {1 / (ep['s_per_token_p90'] * ep['max_concurrency']):.1f} tok/s per "
+                        "request at full load (p90)" if ep.get("s_per_token_p90") else ""))
     reasons = ", ".join(f"{k} {v}" for k, v in sorted(st.get("rejection_reasons", {}).items(),
                                                       key=lambda kv: -kv[1]))
     rejected = c.get("designs_invalid", 0) + c.get("designs_duplicate", 0)
     lines.append(f"designs    {c.get('designs', 0)} proposed: {c.get('designs_accepted', 0)} "
-                 f"accepted, {rejected} rejected" + (f" ({reasons})" if reasons else "")
-                 + (f"; {c['design_request_failed']} requests failed"
-                    if c.get("design_request_failed") else ""))
+                 f"accepted, {rejected} rejected" + (f" ({reasons})" if reasons else ""))
     lines.append(f"episodes   {c.get('episodes', 0)} ({c.get('episodes_unhinted', 0)} unhinted, "
                  f"{c.get('episodes_hinted', 0)} hinted, {c.get('episode_errors', 0)} errors), "
                  f"{c.get('tokens_sampled', 0)} tokens sampled, {c.get('replays', 0)} replays")
+    f = st.get("failures") or {}
+    by_kind, given_up = f.get("by_kind", {}), f.get("given_up", {})
+    lines.append("failures   " + (", ".join(f"{k} {v}" for k, v in by_kind.items()) or "none")
+                 + ("; given up: " + ", ".join(f"{k} {v}" for k, v in given_up.items())
+                    if given_up else ""))
     r = st.get("regret", {})
     if r.get("n"):
         lines.append(f"regret     {r['n']} envs: mean {r['mean']}, p10 {r['p10']}, p50 "
@@ -644,7 +649,8 @@ def evaluate(
         return
     for r in rows:
         typer.echo(f"{r['suite']:16s} v{r['version']} ({r['model']}): score {r['score']:.3f}, "
-                   f"passed {r['passed']:.1%} of {r['n']} tasks, {r['errors']} errors, "
+                   f"passed {r['passed']:.1%} of {r['scored']} scored tasks ({r['n']} in all, "
+                   f"{r['n'] - r['scored']} failed on the endpoint), {r['errors']} errors, "
                    f"{r['seconds']:.0f} s")
 
 

@@ -53,7 +53,13 @@ class EndpointConfig(_Strict):
     name: str = Field(min_length=1)
     base_url: str = Field(pattern=r"^https?://", description="server root, without /v1")
     max_concurrency: int = Field(16, ge=1, description="in-flight requests allowed")
-    request_timeout_s: float = Field(120.0, gt=0)
+    request_timeout_s: float = Field(
+        120.0, gt=0, description="the shortest timeout of one attempt; a generation gets more "
+        "when its tokens need it at the endpoint's measured speed (pool.timeout_margin), or, "
+        "before any measurement, at min_tokens_per_s")
+    min_tokens_per_s: float = Field(
+        1.0, gt=0, description="the slowest decode speed per request this endpoint is waited "
+        "for until its speed is measured: an attempt asking N tokens gets N / this seconds")
     api_key: str | None = None
     weight_swap: WeightSwap = Field(default_factory=VllmLoraSwap)
 
@@ -70,6 +76,12 @@ class PoolConfig(_Strict):
     wait_for_endpoint_s: float = Field(
         60.0, ge=0, description="how long a request waits for any endpoint to come back"
     )
+    timeout_margin: float = Field(
+        4.0, ge=1, description="an attempt's timeout is this many times what the endpoint's "
+        "measured speed (p90 of recent requests, per concurrent request) predicts for the "
+        "tokens asked at the current load; never below request_timeout_s")
+    speed_window: int = Field(64, ge=4, description="successful generations the speed "
+                              "estimate is taken over")
 
 
 class PathsConfig(_Strict):
@@ -136,8 +148,18 @@ class RolloutConfig(_Strict):
                              "episode is truncated (keep <= the server's --max-model-len)")
     temperature: float = Field(1.0, ge=0)
     top_p: float = Field(1.0, gt=0, le=1)
-    request_deadline_s: float = Field(300.0, gt=0, description="one model turn, retries included")
-    episode_deadline_s: float = Field(1200.0, gt=0, description="a whole episode")
+    request_deadline_s: float | None = Field(
+        None, gt=0, description="one model request (a turn or a design), retries included. "
+        "None: bounded by pool.max_attempts attempts, each timed to fit its tokens and the "
+        "endpoint's measured speed (so a slow CPU server is not failed for being slow)")
+    episode_attempts: int = Field(
+        2, ge=1, description="tries of an episode that failed on the endpoint (timeout, 5xx, "
+        "malformed answer) or because no sandbox worker started; an outage (no endpoint up, "
+        "connection refused, model not served) is waited out instead and uses none of them. "
+        "A failed episode is never a score")
+    episode_deadline_s: float | None = Field(
+        None, gt=0, description="a whole episode. None: bounded by max_turns turns, each "
+        "bounded by its request and the sandbox's call_timeout_s")
 
 
 class RegretConfig(_Strict):
@@ -189,6 +211,13 @@ class DaemonConfig(_Strict):
                                      "versions newer than the one it started on: an agent "
                                      "episode finished on it (a design, while nothing has been "
                                      "there to play). 0: run until stopped")
+    document_attempts: int = Field(
+        3, ge=1, description="tries of a document whose G design requests all failed on the "
+        "endpoint (timeout, deadline, 5xx, malformed answer); then it is given up and recorded "
+        "in run/given_up.jsonl. An outage is waited out instead, using none of them")
+    item_attempts: int = Field(
+        3, ge=1, description="tries of a validation whose sandbox worker did not start, and of "
+        "a memory or spool write that failed on I/O, before the item is given up (recorded)")
     status_interval_s: float = Field(2.0, gt=0, description="how often status.json is written")
     drain_timeout_s: float = Field(60.0, gt=0, description="on SIGTERM/SIGINT, time to finish "
                                    "in-flight work before cancelling it")
