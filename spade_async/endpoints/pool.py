@@ -516,8 +516,10 @@ class EndpointPool:
         attempts = 0
 
         def fail(cls: type[EndpointUnavailable], what: str, **kw: Any) -> EndpointUnavailable:
+            where = f"endpoint '{last_ep}'" if last_ep else "no endpoint reached"
             return cls(f"POST {path} {what} after {attempts} attempt(s) in "
-                       f"{time.monotonic() - start:.1f}s: " + ("; ".join(errors) or "no attempt"),
+                       f"{time.monotonic() - start:.1f}s ({where}): "
+                       + ("; ".join(errors) or "no attempt"),
                        endpoint=last_ep, attempts=attempts,
                        elapsed_s=round(time.monotonic() - start, 3), **kw)
 
