@@ -170,3 +170,35 @@ def test_publisher_retries_reports_and_never_records_a_partial_publish(tmp_path)
     assert all(e["endpoint"] == "down" for e in attempts)
     assert up.state.weight_version == "1"  # the healthy one was updated...
     assert read_current(tmp_path / "weights") == 0  # ...but the daemon is not told
+
+
+@pytest.mark.parametrize("swap", ["vllm-lora", "vllm-reload"])
+def test_a_restarted_server_gets_the_published_version_back(tmp_path, swap):
+    """vLLM killed and started again serves the base weights and no adapters: the trainer's
+    periodic check (`restore_lost`) pushes its current version into it again, and leaves a
+    server that still serves it alone."""
+    tcfg = TrainerConfig(mode="lora" if swap == "vllm-lora" else "full", publish_attempts=1)
+    version_dir = tmp_path / "weights" / "v2"
+    version_dir.mkdir(parents=True)
+    (version_dir / "adapter_config.json").write_text("{}")
+    (version_dir / "model.safetensors").write_bytes(b"not read by the fake")
+    with FakeOpenAIServer() as server:
+        ep = EndpointConfig(name="cpu", base_url=server.base_url, weight_swap={"type": swap})
+        with Publisher(_cfg(tmp_path, ep), tcfg) as pub:
+            pub.publish(2, version_dir)
+            calls = len(server.state.calls)
+            assert pub.restore_lost(2) == []  # served: nothing pushed
+            assert len(server.state.calls) == calls
+            server.stop()
+            server.start(fresh=True)  # the restart: no adapter, no weight version
+            assert server.state.adapters == {} and server.state.weight_version is None
+            with capture_logs() as logs:
+                assert pub.restore_lost(2) == ["cpu"]
+            assert pub.restore_lost(2) == []
+    assert server.state.weight_version == "2"
+    if swap == "vllm-lora":
+        assert list(server.state.adapters) == ["policy-v2"]
+    else:
+        assert server.state.weights_path == str(version_dir.resolve())
+    assert [e["event"] for e in logs if e["log_level"] != "debug"][:1] == ["endpoint_lost_version"]
+    assert read_current(tmp_path / "weights") == 2

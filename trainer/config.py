@@ -97,6 +97,11 @@ class TrainerConfig(BaseModel):
 
     # -- the loop -------------------------------------------------------------------------------
     poll_interval_s: float = Field(0.5, gt=0, description="spool poll period while idle")
+    serve_check_s: float = Field(10.0, ge=0, description="how often (while waiting for "
+                                 "batches) the trainer checks that every endpoint still serves "
+                                 "the published version, and pushes it again into one that "
+                                 "lost it (a restarted vLLM comes back with the base weights "
+                                 "and no adapters). 0: never")
 
     @model_validator(mode="after")
     def _checks(self) -> TrainerConfig:

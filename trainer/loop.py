@@ -226,6 +226,7 @@ class Trainer:
         self.interruptible = False
         self.pending: tuple[int, Path] | None = None  # a version not yet served everywhere
         self.next_publish_try = 0.0
+        self.next_serve_check = 0.0  # when to check that the endpoints still serve our version
         self._batch: Batch | None = None
 
     # ---- the loop ------------------------------------------------------------------------------
@@ -278,6 +279,10 @@ class Trainer:
         """Rank 0: the next batch's seq, WAIT, or STOP."""
         if self.pending is not None and time.monotonic() >= self.next_publish_try:
             self._publish(*self.pending, started=time.perf_counter())
+        elif (self.publisher is not None and self.tcfg.serve_check_s
+              and time.monotonic() >= self.next_serve_check):
+            self.next_serve_check = time.monotonic() + self.tcfg.serve_check_s
+            self.publisher.restore_lost(self.version)
         if self.stop_requested or (self.max_steps is not None
                                    and self.state.step >= self.max_steps):
             return STOP

@@ -26,7 +26,13 @@ from anyio.from_thread import start_blocking_portal
 
 from spade_async.config import SpadeConfig
 from spade_async.endpoints.pool import EndpointError, EndpointPool
-from spade_async.endpoints.swap import LoraSwapper, NcclSwapper, WeightSwapper, make_swapper
+from spade_async.endpoints.swap import (
+    LoraSwapper,
+    NcclSwapper,
+    NoSwapper,
+    WeightSwapper,
+    make_swapper,
+)
 from spade_async.logs import get_logger
 from trainer.checkpoint import write_json_atomic
 from trainer.config import TrainerConfig
@@ -162,6 +168,47 @@ class Publisher:
                             version=v, trainer_version=version)
                 swapper.loaded.append(v)
                 self.portal.call(swapper.retire, v)
+
+    def restore_lost(self, version: int) -> list[str]:
+        """Endpoints that are up but no longer serve `version` get it pushed again: a
+        restarted server comes back with the base weights and no adapters, and the daemon's
+        requests for `policy-vN` (or samples labelled N) would otherwise fail (or lie). Returns
+        the endpoints restored; one that fails is logged and tried at the next check."""
+        if version == 0:
+            return []
+        path = version_dir(self.root, version)
+        restored = []
+        for health in self.portal.call(self.pool.check):
+            swapper = self.swappers[health.name]
+            if not health.up or isinstance(swapper, NoSwapper):
+                continue
+            if isinstance(swapper, LoraSwapper):
+                if swapper.model_name(version) in health.adapters:
+                    continue
+                # What the server holds now is all it holds: forget what it lost.
+                prefix = f"{self.cfg.model.served_name}-v"
+                swapper.loaded = [v for v in swapper.loaded
+                                  if f"{prefix}{v}" in health.adapters]
+            elif health.weight_version == str(version):
+                continue
+            if isinstance(swapper, NcclSwapper):
+                swapper.connected = False  # the server's side of the group died with it
+            log.warning("endpoint_lost_version", endpoint=health.name, version=version,
+                        adapters=list(health.adapters), weight_version=health.weight_version)
+            try:
+                self.portal.call(self._swap_within_deadline, swapper, version, path)
+            except (EndpointError, TimeoutError) as exc:
+                log.error("restore_failed", endpoint=health.name, version=version,
+                          error=str(exc) or type(exc).__name__)
+                continue
+            log.info("version_restored", endpoint=health.name, version=version)
+            restored.append(health.name)
+        return restored
+
+    async def _swap_within_deadline(self, swapper: WeightSwapper, version: int,
+                                    path: Path) -> None:
+        with anyio.fail_after(self.tcfg.publish_timeout_s):
+            await swapper.swap(version, path)
 
     # ---- publish -----------------------------------------------------------------------------
 
