@@ -21,12 +21,16 @@ if [ "$smoke" = 1 ]; then
 fi
 export SPADE_CONFIG=${SPADE_CONFIG:-configs/embedded.toml}
 bash scripts/setup.sh
+# honcho stops the whole stack when one process exits; the wrapper says which one and why, in
+# one line, and keeps the whole log in <data_dir>/run/stack.log (see spade_async/supervise.py).
+stack=(.venv/bin/python -m spade_async.supervise --config "$SPADE_CONFIG" --
+       .venv/bin/honcho start "${args[@]}")
 if [ "$smoke" = 0 ]; then
-  exec .venv/bin/honcho start "${args[@]}"
+  exec "${stack[@]}"
 fi
 start=$(date +%s)
 rc=0
-.venv/bin/honcho start "${args[@]}" || rc=$?
+"${stack[@]}" || rc=$?
 echo "[smoke] the stack stopped after $(( $(date +%s) - start )) s (honcho rc=$rc); what it did:" >&2
 .venv/bin/spade status --config "$SPADE_CONFIG" >&2 || rc=1
 reason=$(.venv/bin/spade status --config "$SPADE_CONFIG" --json 2>/dev/null \

@@ -752,6 +752,21 @@ def run(
     except SpoolError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
+    except Exception as exc:  # a bug: fail fast, with the traceback and then one line saying so
+        import traceback
+
+        leaf = _first_leaf(exc)
+        traceback.print_exception(exc)
+        log.error("daemon_failed", error=f"{type(leaf).__name__}: {leaf}")
+        typer.echo(f"error: the daemon failed: {type(leaf).__name__}: {leaf}", err=True)
+        raise typer.Exit(1) from None
+
+
+def _first_leaf(exc: BaseException) -> BaseException:
+    """The first real exception inside (nested) exception groups: what went wrong."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return exc
 
 
 if __name__ == "__main__":
