@@ -71,7 +71,8 @@ class PoolConfig(_Strict):
     backoff_initial_s: float = Field(0.2, gt=0, description="first retry delay")
     backoff_max_s: float = Field(5.0, gt=0, description="cap on one retry delay")
     health_interval_s: float = Field(5.0, gt=0, description="period of the health loop")
-    health_timeout_s: float = Field(3.0, gt=0, description="deadline of one health probe")
+    health_timeout_s: float = Field(10.0, gt=0, description="deadline of one health probe "
+                                    "(a CPU server with a full batch answers slowly)")
     down_after_failures: int = Field(2, ge=1, description="consecutive failures that take an endpoint out")
     wait_for_endpoint_s: float = Field(
         60.0, ge=0, description="how long a request waits for any endpoint to come back"

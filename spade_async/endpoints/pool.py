@@ -371,6 +371,7 @@ class EndpointPool:
         adapters: list[str] = []
         version: str | None = None
         error: str | None = None
+        refused = False
         try:
             with anyio.fail_after(self.cfg.health_timeout_s):
                 resp = await ep.client.get("/v1/models")
@@ -383,13 +384,18 @@ class EndpointPool:
                     version = await self._weight_version(ep)
         except (httpx.HTTPError, TimeoutError, ValueError, KeyError) as exc:
             error = _describe(exc)
+            # Refused or reset: nobody is there. A slow answer is different: a CPU server
+            # busy with a full batch may miss the probe's deadline while it serves well, so
+            # that takes `down_after_failures` misses in a row, like a failed request.
+            refused = isinstance(exc, httpx.TransportError) and not isinstance(
+                exc, httpx.TimeoutException)
         if error is None:
             self._mark_up(ep, frozenset(models + adapters))
             return EndpointHealth(
                 ep.name, ep.cfg.base_url, True, round(latency, 2), tuple(models), tuple(adapters),
                 version, ep.in_flight,
             )
-        self._mark_failed(ep, error, force_down=True)
+        self._mark_failed(ep, error, force_down=refused)
         return EndpointHealth(ep.name, ep.cfg.base_url, False, None, (), (), None, ep.in_flight, error)
 
     async def _weight_version(self, ep: _Endpoint) -> str | None:
