@@ -5,6 +5,14 @@
 # switched on. Host, port, checkpoint, context length and LoRA limits come from the config
 # (SPADE_CONFIG; SPADE_ENDPOINT picks which [[endpoints]] entry this host serves, default the
 # first); SPADE_MODEL_DIR, SPADE_INFERENCE_HOST, SPADE_INFERENCE_PORT, SPADE_MAX_MODEL_LEN override.
+# The dtype is the config's model.dtype; "auto" on the CPU build picks bf16 only where the CPU
+# has native bf16, else float32 (spade_async/endpoints/cpu_profile.py; the GPU build keeps
+# vLLM's auto; SPADE_VLLM_DEVICE=cpu|gpu skips asking the interpreter which build it runs).
+# On a host of few cores the model's OpenMP threads get all of them (VLLM_CPU_OMP_THREADS_BIND,
+# which the environment may set instead). One line on stderr says what was chosen and why.
+# --enable-lora only for a vllm-lora endpoint (SPADE_VLLM_LORA=0|1 overrides), and LoRA layers
+# only on trainer.lora_targets: on CPU each costs decode speed (torch.compile off, LoRA ops on
+# every wrapped layer in every step; see `spade bench inference`).
 # Extra arguments go to vLLM unchanged.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,15 +22,27 @@ export VLLM_SERVER_DEV_MODE=1
 export VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-2}   # GiB of KV cache on CPU
 export VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
 cfg=${SPADE_CONFIG:-configs/embedded.toml}
-settings=$(.venv/bin/spade config --config "$cfg" --shell ${SPADE_ENDPOINT:+--endpoint "$SPADE_ENDPOINT"})
+vllm_python=${SPADE_VLLM_PYTHON:-.venv-vllm/bin/python}
+settings=$(.venv/bin/spade config --config "$cfg" --shell --vllm-python "$vllm_python" \
+  ${SPADE_ENDPOINT:+--endpoint "$SPADE_ENDPOINT"})
 eval "$settings"
 model=${SPADE_MODEL_DIR:-$cfg_model_dir}
 [ -f "$model/config.json" ] || { echo "error: no checkpoint at $model: run 'spade model prepare --config $cfg'" >&2; exit 2; }
-exec "${SPADE_VLLM_PYTHON:-.venv-vllm/bin/python}" -m vllm.entrypoints.openai.api_server \
+echo "[inference] dtype $cfg_dtype: $cfg_dtype_reason" >&2
+if [ "$cfg_device" = cpu ] && [ -n "$cfg_omp_threads_bind" ] && [ -z "${VLLM_CPU_OMP_THREADS_BIND:-}" ]; then
+  export VLLM_CPU_OMP_THREADS_BIND=$cfg_omp_threads_bind
+  echo "[inference] threads: $cfg_threads_reason" >&2
+fi
+read -r -a lora_targets <<< "$cfg_lora_targets"
+lora=(--enable-lora --max-lora-rank "$cfg_max_lora_rank" --max-loras "$cfg_max_loras"
+      --lora-target-modules "${lora_targets[@]}")
+[ "${SPADE_VLLM_LORA:-$cfg_lora}" = 0 ] && lora=()
+exec "$vllm_python" -m vllm.entrypoints.openai.api_server \
   --model "$model" \
   --served-model-name "$cfg_served_name" \
   --host "${SPADE_INFERENCE_HOST:-$cfg_host}" --port "${SPADE_INFERENCE_PORT:-$cfg_port}" \
   --max-model-len "${SPADE_MAX_MODEL_LEN:-$cfg_max_model_len}" \
-  --enable-lora --max-lora-rank "$cfg_max_lora_rank" --max-loras "$cfg_max_loras" \
+  --dtype "$cfg_dtype" \
+  "${lora[@]}" \
   --disable-log-stats \
   "$@"

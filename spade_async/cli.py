@@ -62,6 +62,9 @@ def show_config(
                                "as shell assignments (scripts/inference.sh evals them)"),
     endpoint: str = typer.Option(None, "--endpoint", help="with --shell: the endpoint this "
                                  "host serves (default: the first)"),
+    vllm_python: Path = typer.Option(None, "--vllm-python", help="with --shell: the vLLM "
+                                     "interpreter; its build (CPU or GPU, SPADE_VLLM_DEVICE "
+                                     "overrides) decides the dtype. Default: a CPU build"),
 ) -> None:
     """Validate a config file and print the resolved tree as JSON."""
     cfg = _config(config)
@@ -72,6 +75,7 @@ def show_config(
     from urllib.parse import urlsplit
 
     from spade_async.config import VllmLoraSwap, checkpoint_dir
+    from spade_async.endpoints.cpu_profile import choose_dtype, choose_threads, vllm_device
 
     eps = [e for e in cfg.endpoints if endpoint in (None, e.name)]
     if not eps:
@@ -90,7 +94,20 @@ def show_config(
         "cfg_max_lora_rank": min(r for r in (8, 16, 32, 64, 128, 256, 320, 512)
                                  if r >= cfg.trainer.lora_rank),
         "cfg_max_loras": swap.max_loaded_adapters if isinstance(swap, VllmLoraSwap) else 1,
+        # --enable-lora only where adapters are served: on CPU it switches torch.compile off
+        # and adds LoRA ops to every decode step (see `spade bench inference`).
+        "cfg_lora": int(isinstance(swap, VllmLoraSwap)),
+        # LoRA layers only on the modules the trainer adapts: every wrapped layer runs vLLM's
+        # CPU LoRA ops in every step, adapter or not (all of them: 0.58x the decode speed).
+        "cfg_lora_targets": " ".join(cfg.trainer.lora_targets),
     }
+    device = vllm_device(vllm_python) if vllm_python is not None else "cpu"
+    dtype = choose_dtype(cfg.model.dtype, device=device)
+    values.update(cfg_device=device, cfg_dtype=dtype.dtype, cfg_dtype_reason=dtype.reason)
+    if device == "cpu":
+        threads = choose_threads()
+        values.update(cfg_omp_threads_bind=threads.env.get("VLLM_CPU_OMP_THREADS_BIND", ""),
+                      cfg_threads_reason=threads.reason)
     typer.echo("\n".join(f"{k}={shlex.quote(str(v))}" for k, v in values.items()))
 
 
@@ -144,23 +161,32 @@ def endpoints_check(config: Path = ConfigOpt, as_json: bool = JsonOpt) -> None:
 def bench_inference(
     config: Path = ConfigOpt,
     base_url: str = typer.Option(None, "--base-url", help="use this running server instead of "
-                                 "starting one (start time is then not measured)"),
-    streams: int = typer.Option(16, "--streams", min=1, help="concurrent streams"),
+                                 "starting one (start time and the no-LoRA server are then "
+                                 "not measured)"),
+    dtype: str = typer.Option(None, "--dtype", help="auto, bfloat16 or float32 for the servers "
+                              "started here and the transformers anchor (default: the "
+                              "config's model.dtype)"),
+    streams: int = typer.Option(16, "--streams", min=1, help="concurrent streams (and the "
+                                "transformers batch)"),
     max_tokens: int = typer.Option(128, "--max-tokens", min=1),
     swaps: int = typer.Option(3, "--swaps", min=1, help="LoRA loads and full reloads to time"),
     as_json: bool = JsonOpt,
 ) -> None:
-    """vLLM start time, 1- vs N-stream decode tokens/s, LoRA hot-load and full-reload times."""
+    """vLLM start, 1- vs N-stream decode, LoRA hot-load and full reload; the same server without
+    --enable-lora; plain transformers generate at the same batch; the CPU it all ran on."""
     from spade_async.bench.inference import run_inference_bench
     from spade_async.config import checkpoint_dir
     from spade_async.endpoints.launch import LaunchError
     from spade_async.endpoints.pool import EndpointError
 
     cfg = _config(config)
+    if dtype not in (None, "auto", "bfloat16", "float32"):
+        typer.echo(f"error: --dtype must be auto, bfloat16 or float32, not {dtype!r}", err=True)
+        raise typer.Exit(2)
     try:
         report = run_inference_bench(
-            checkpoint_dir(cfg).resolve(), base_url=base_url, streams=streams,
-            max_tokens=max_tokens, swaps=swaps,
+            checkpoint_dir(cfg).resolve(), base_url=base_url, dtype=dtype or cfg.model.dtype,
+            streams=streams, max_tokens=max_tokens, swaps=swaps,
             progress=lambda msg: typer.echo(f"[bench] {msg}", err=True),
         )
     except (LaunchError, EndpointError) as exc:
@@ -169,17 +195,40 @@ def bench_inference(
     if as_json:
         typer.echo(json.dumps(report, indent=2))
         return
-    d = report["decode"]
+    h, d, hf = report["host"], report["decode"], report["hf_generate"]
+    flags = " ".join(f"{f}={'yes' if v else ('no' if v is False else '?')}"
+                     for f, v in h["flags"].items())
+    n = d["concurrent"]["streams"]
+    typer.echo(f"host:               {h['cpu_model']}, {h['cores']} cores; {flags}")
+    typer.echo(f"dtype:              {h['dtype']} ({h['dtype_reason']})")
+    typer.echo(f"threads:            {h['omp_threads_bind']} ({h['threads_reason']})")
     if "start_s" in report:
         typer.echo(f"vLLM start (spawn -> /health 200): {report['start_s']:.1f} s")
     typer.echo(f"decode, 1 stream:   {d['single']['tokens_per_s']:8.1f} tok/s")
-    typer.echo(f"decode, {d['concurrent']['streams']:>2} streams: "
+    typer.echo(f"decode, {n:>2} streams: "
                f"{d['concurrent']['tokens_per_s']:8.1f} tok/s  ({d['ratio']:.2f}x one stream)")
     lo, fr = report["lora_load_s"], report["full_reload_s"]
     typer.echo(f"LoRA hot-load:      first {lo['first'] * 1000:7.1f} ms, "
                f"median {lo['median'] * 1000:7.1f} ms over {lo['n']}")
     typer.echo(f"full reload:        first {fr['first'] * 1000:7.1f} ms, "
                f"median {fr['median'] * 1000:7.1f} ms over {fr['n']}")
+    typer.echo(f"decode, {n:>2} streams through a LoRA adapter: "
+               f"{report['decode_adapter']['tokens_per_s']:8.1f} tok/s")
+    if "no_lora" in report:
+        nl, cost = report["no_lora"]["decode"], report["lora_cost"]
+        typer.echo(f"without --enable-lora: start {report['no_lora']['start_s']:.1f} s; "
+                   f"1 stream {nl['single']['tokens_per_s']:.1f}, {n} streams "
+                   f"{nl['concurrent']['tokens_per_s']:.1f} tok/s")
+        typer.echo(f"with LoRA / without: {cost['single_ratio']:.2f} (1 stream), "
+                   f"{cost['concurrent_ratio']:.2f} ({n} streams), "
+                   f"{cost['adapter_concurrent_ratio']:.2f} ({n} streams through an adapter)")
+    else:
+        typer.echo(f"without --enable-lora: {report['lora_cost']['skipped']}")
+    vs = report["vs_hf"]
+    typer.echo(f"transformers generate ({hf['dtype']}, {hf['threads']} threads): batch 1 "
+               f"{hf['single']['tokens_per_s']:.1f}, batch {n} "
+               f"{hf['concurrent']['tokens_per_s']:.1f} tok/s; vLLM / transformers: "
+               f"{vs['single_ratio']:.2f} (1), {vs['concurrent_ratio']:.2f} ({n})")
 
 
 def _read_env_file(path: Path) -> str:

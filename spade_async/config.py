@@ -103,6 +103,12 @@ class ModelConfig(_Strict):
     )
     tokenizer: Path | None = Field(None, description="tokenizer (with chat template) the daemon "
                                    "builds token-exact prompts with; default: the checkpoint")
+    dtype: Literal["auto", "bfloat16", "float32"] = Field(
+        "auto", description="dtype the inference server computes in (its --dtype) and the "
+        "trainer follows (bf16 autocast, full-weight exports). auto: on a CPU vLLM, bfloat16 "
+        "where the CPU has native bf16 (avx512_bf16 / amx_bf16; aarch64 bf16), else float32 "
+        "(emulated bf16 runs ~4x slower); on a GPU vLLM, vLLM's own auto. See "
+        "spade_async/endpoints/cpu_profile.py")
 
 
 class SandboxConfig(_Strict):

@@ -75,8 +75,12 @@ class TrainerConfig(BaseModel):
         "auto", description="torch.distributed backend; auto: nccl with CUDA, else gloo")
     parallel: Literal["ddp", "fsdp2"] = Field("ddp", description="DDP replicas or FSDP2 "
                                               "(fully_shard per decoder layer + root)")
-    autocast_bf16: bool = Field(False, description="bf16 compute with fp32 master weights "
-                                "(autocast for DDP, MixedPrecisionPolicy for FSDP2)")
+    autocast_bf16: Literal["auto"] | bool = Field(
+        "auto", description="bf16 compute with fp32 master weights (autocast for DDP, "
+        "MixedPrecisionPolicy for FSDP2). auto: exactly when the inference servers compute in "
+        "bf16 (model.dtype resolved as they resolve it: on a CPU trainer from this CPU's "
+        "features, on a GPU trainer vLLM's auto), so the trainer's log-probs come from the "
+        "same arithmetic as the behaviour log-probs")
 
     # -- checkpoints and publishing ----------------------------------------------------------------
     checkpoint_dir: Path | None = Field(None, description="checkpoints, metrics log; default "

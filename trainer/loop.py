@@ -43,9 +43,9 @@ from trainer.data import (
 from trainer.loss import LossConfig, StepMetrics, policy_loss
 from trainer.model import (
     adapter_state_dict,
-    checkpoint_dtype,
     load_policy,
     merged_state_dict,
+    resolve_precision,
     save_full_weights,
     ties_embeddings,
 )
@@ -91,21 +91,27 @@ class StepRunner:
     """Model, optimizer and loss for one optimizer step on a list of samples (the loop and the
     benchmark share it)."""
 
-    def __init__(self, tcfg: TrainerConfig, d: Dist, base_dir: Path) -> None:
+    def __init__(self, tcfg: TrainerConfig, d: Dist, base_dir: Path, *,
+                 model_dtype: str = "auto") -> None:
+        """`model_dtype`: the config's model.dtype, which the servers' dtype and so this
+        runner's compute dtype follow (see `resolve_precision`)."""
         self.tcfg, self.d, self.base_dir = tcfg, d, base_dir
+        self.precision = resolve_precision(tcfg.autocast_bf16, model_dtype, d.device.type,
+                                           base_dir)
+        bf16 = self.precision.autocast_bf16
         torch.manual_seed(tcfg.seed)
         kw: dict[str, Any] = {"mode": tcfg.mode, "lora_rank": tcfg.lora_rank,
                               "lora_alpha": tcfg.lora_alpha, "lora_dropout": tcfg.lora_dropout,
                               "lora_targets": tcfg.lora_targets,
                               "temperature": tcfg.logprob_temperature}
         policy = load_policy(base_dir, **kw).to(d.device)
-        self.model = wrap(policy, tcfg.parallel, d, bf16=tcfg.autocast_bf16)
+        self.model = wrap(policy, tcfg.parallel, d, bf16=bf16)
         self.lora = tcfg.mode == "lora"
         # The KL reference: the adapter switched off (LoRA), or a frozen copy of the base.
         self.ref = None
         if tcfg.kl_coef > 0 and not self.lora:
             ref = load_policy(base_dir, **{**kw, "mode": "full"}, trainable=False).to(d.device)
-            self.ref = wrap(ref, "fsdp2", d, bf16=tcfg.autocast_bf16) \
+            self.ref = wrap(ref, "fsdp2", d, bf16=bf16) \
                 if tcfg.parallel == "fsdp2" else ref
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optim = torch.optim.AdamW(self.params, lr=tcfg.lr, betas=tcfg.adam_betas,
@@ -114,7 +120,7 @@ class StepRunner:
         self.role_weights = {"agent": tcfg.agent_weight, "designer": tcfg.designer_weight}
 
     def _autocast(self) -> contextlib.AbstractContextManager:
-        if self.tcfg.autocast_bf16 and self.tcfg.parallel == "ddp":
+        if self.precision.autocast_bf16 and self.tcfg.parallel == "ddp":
             return torch.autocast(self.d.device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
@@ -191,9 +197,9 @@ def export_version(runner: StepRunner, kind: str, weights: Path, version: int, *
             state = merged_state_dict(full, lora=runner.lora,
                                       scaling=tcfg.lora_alpha / tcfg.lora_rank,
                                       tied=ties_embeddings(runner.base_dir))
-            save_full_weights(state, runner.base_dir, tmp)
+            dtype = runner.precision.serving_dtype
+            save_full_weights(state, runner.base_dir, tmp, dtype)
             if transfer is not None:
-                dtype = checkpoint_dtype(runner.base_dir)
                 transfer.set_weights({k: v.to(dtype) for k, v in state.items()})
         for f in tmp.iterdir():
             with open(f, "rb") as fh:
@@ -236,7 +242,9 @@ class Trainer:
         if d.is_main:
             self.root.mkdir(parents=True, exist_ok=True)
             self.weights.mkdir(parents=True, exist_ok=True)
-        self.runner = StepRunner(tcfg, d, self.base_dir)
+        self.runner = StepRunner(tcfg, d, self.base_dir, model_dtype=self.cfg.model.dtype)
+        if d.is_main:
+            log.info("trainer_precision", **self.runner.precision.as_dict())
         self.ckpt = Checkpointer(self.root, d, lora=self.runner.lora, keep=tcfg.keep_checkpoints)
         self.state = self.ckpt.load(self.runner.model, self.runner.optim)
         self._ckpt_seq = self.state.last_seq

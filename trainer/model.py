@@ -12,10 +12,13 @@ from __future__ import annotations
 import contextlib
 import json
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import nn
+
+from spade_async.endpoints.cpu_profile import CpuInfo, choose_dtype, effective_dtype
 
 WEIGHT_FILES = ("*.safetensors", "*.bin", "*.pt", "*.index.json")
 
@@ -112,16 +115,24 @@ def merged_state_dict(full: dict[str, torch.Tensor], *, lora: bool, scaling: flo
     return out
 
 
-def save_full_weights(state: dict[str, torch.Tensor], base_dir: Path, out: Path) -> None:
-    """A complete HF directory: the base's config and tokenizer files, the new weights in the
-    base checkpoint's dtype (what vLLM serves), one safetensors file."""
+def save_full_weights(state: dict[str, torch.Tensor], base_dir: Path, out: Path,
+                      dtype: torch.dtype | None = None) -> None:
+    """A complete HF directory: the base's config (its dtype set to the weights') and tokenizer
+    files, the new weights in `dtype` (the serving dtype; default the base checkpoint's), one
+    safetensors file."""
     from safetensors.torch import save_file
 
     out.mkdir(parents=True, exist_ok=True)
     for f in base_dir.iterdir():
         if f.is_file() and not any(f.match(p) for p in WEIGHT_FILES):
             shutil.copy2(f, out / f.name)
-    dtype = checkpoint_dtype(base_dir)
+    dtype = dtype or checkpoint_dtype(base_dir)
+    name = str(dtype).removeprefix("torch.")
+    config = json.loads((out / "config.json").read_text())
+    if (config.get("dtype") or config.get("torch_dtype")) != name:
+        config["dtype"] = name
+        config.pop("torch_dtype", None)
+        (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     tensors = {k: v.detach().to("cpu", dtype).contiguous().clone() for k, v in state.items()}
     save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
 
@@ -130,6 +141,40 @@ def checkpoint_dtype(base_dir: Path) -> torch.dtype:
     cfg = json.loads((base_dir / "config.json").read_text())
     name = cfg.get("dtype") or cfg.get("torch_dtype") or "float32"
     return getattr(torch, str(name))
+
+
+@dataclass(frozen=True)
+class Precision:
+    """How the trainer computes, decided once at start from what the servers compute in."""
+
+    autocast_bf16: bool  # bf16 compute over the float32 master weights
+    serving_dtype: torch.dtype  # what the servers compute in: full-weight exports use it
+    reason: str  # one line for the log
+
+    def as_dict(self) -> dict[str, object]:
+        return {"autocast_bf16": self.autocast_bf16,
+                "serving_dtype": str(self.serving_dtype).removeprefix("torch."),
+                "reason": self.reason}
+
+
+def resolve_precision(autocast: bool | str, model_dtype: str, device_type: str,
+                      base_dir: Path, *, cpu: CpuInfo | None = None) -> Precision:
+    """The servers' dtype, resolved as scripts/inference.sh resolves `model.dtype` (on a CPU
+    trainer from this CPU's features, which the embedded servers share; on a GPU trainer, vLLM's
+    own auto of the checkpoint), and bf16 autocast iff that is bf16 (`trainer.autocast_bf16 =
+    "auto"`; an explicit true / false is honoured)."""
+    choice = choose_dtype(model_dtype, device="gpu" if device_type == "cuda" else "cpu",  # type: ignore[arg-type]
+                          cpu=cpu)
+    ckpt = str(checkpoint_dtype(base_dir)).removeprefix("torch.")
+    serving = effective_dtype(choice, ckpt)
+    if autocast == "auto":
+        bf16 = serving == "bfloat16"
+        why = f"servers compute in {serving} ({choice.reason})"
+    else:
+        bf16 = bool(autocast)
+        why = (f"trainer.autocast_bf16 = {str(bf16).lower()} in the config; servers compute "
+               f"in {serving} ({choice.reason})")
+    return Precision(bf16, getattr(torch, serving), why)
 
 
 def ties_embeddings(base_dir: Path) -> bool:

@@ -59,7 +59,7 @@ def _samples(model_dir: Path, n: int, length: tuple[int, int], seed: int) -> lis
 class PlainHF:
     """The textbook step: full logits, log_softmax, gather, the same loss, backward, AdamW."""
 
-    def __init__(self, tcfg: Any, model_dir: Path) -> None:
+    def __init__(self, tcfg: Any, model_dir: Path, *, bf16: bool = False) -> None:
         import torch
         from transformers import AutoModelForCausalLM
 
@@ -78,7 +78,7 @@ class PlainHF:
         self.params = [p for p in lm.parameters() if p.requires_grad]
         self.optim = torch.optim.AdamW(self.params, lr=tcfg.lr, betas=tcfg.adam_betas,
                                        eps=tcfg.adam_eps, weight_decay=tcfg.weight_decay)
-        self.tcfg = tcfg
+        self.tcfg, self.bf16 = tcfg, bf16  # bf16 autocast, as ours runs when the servers do
         self.loss_cfg = LossConfig(tcfg.clip_eps_low, tcfg.clip_eps_high, 0.0)
 
     def step(self, samples: list[Any]) -> float:
@@ -95,7 +95,8 @@ class PlainHF:
             attn = torch.zeros_like(mb.input_ids)
             for i, r in enumerate(rows):
                 attn[i, :r.length] = 1
-            logits = self.model(input_ids=mb.input_ids, attention_mask=attn).logits.float()
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.bf16):
+                logits = self.model(input_ids=mb.input_ids, attention_mask=attn).logits.float()
             logp_all = torch.log_softmax(logits[:, :-1], dim=-1)
             picked = mb.target_mask[:, 1:]
             logp = logp_all.gather(-1, mb.input_ids[:, 1:, None]).squeeze(-1)[picked]
@@ -197,8 +198,11 @@ def run_trainer_bench(cfg: SpadeConfig, model_dir: Path, *, base_url: str | None
     with process_group("gloo", timeout_s=1800) as d:
         progress(f"loading {model_dir.name} twice ({tcfg.mode}); {len(batch)} samples of "
                  f"{length[0]}-{length[1]} tokens")
-        runner = StepRunner(tcfg, d, model_dir)
-        plain = PlainHF(tcfg, model_dir)
+        runner = StepRunner(tcfg, d, model_dir, model_dtype=cfg.model.dtype)
+        report["precision"] = runner.precision.as_dict()
+        progress(f"precision: bf16 autocast {runner.precision.autocast_bf16} "
+                 f"({runner.precision.reason})")
+        plain = PlainHF(tcfg, model_dir, bf16=runner.precision.autocast_bf16)
         report["throughput"] = _throughput(runner, plain, batch, steps, progress)
         del plain
         if not publish:

