@@ -454,6 +454,7 @@ class Daemon:
     async def _one_design(self, group: DocGroup, examples: list[str]) -> None:
         dcfg, chunk = self.cfg.daemon, group.chunk
         self.in_flight["designs"] += 1
+        self.policy.refresh()  # a retried document designs with the newest policy
         try:
             d = await design(
                 self.pool, self.chat, doc_id=chunk.doc_id, chunk_id=chunk.chunk_id,
@@ -526,11 +527,11 @@ class Daemon:
         memory, and when a side has no score left the play is given up (recorded)."""
         rcfg = self.cfg.rollout
         self.policy.refresh()
-        model, version = self.policy.model, self.policy.version
+        version = self.policy.version
         results: dict[bool, list[Episode]] = {False: [], True: []}
 
         async def one(hinted: bool, seed: int) -> None:
-            ep = await self._episode(job, hinted, seed, model, version)
+            ep = await self._episode(job, hinted, seed)
             results[hinted].append(ep)
             await self._record_episode(ep)
 
@@ -582,14 +583,17 @@ class Daemon:
                                      "unhinted": unhinted, "hinted": hinted,
                                      **regret.as_dict()})
 
-    async def _episode(self, job: PlayJob, hinted: bool, seed: int, model: str,
-                       version: int) -> Episode:
+    async def _episode(self, job: PlayJob, hinted: bool, seed: int) -> Episode:
         """One episode, tried again when the endpoint failed it or no sandbox worker started
         (`rollout.episode_attempts`; an outage is waited out without using them). The last
-        try is returned, failed or not."""
+        try is returned, failed or not. Every try samples with the newest published policy:
+        a server restarted meanwhile holds only that one, so an older adapter would never
+        come back."""
         tries, delay = 0, 1.0
         while True:
-            ep = await self._episode_once(job, hinted, seed, model, version)
+            self.policy.refresh()
+            ep = await self._episode_once(job, hinted, seed, self.policy.model,
+                                          self.policy.version)
             if ep.error is None:
                 return ep
             kind = ep.error_kind or "unknown"

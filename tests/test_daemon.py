@@ -207,3 +207,48 @@ async def test_document_whose_designs_all_failed_is_designed_again_not_used_up(f
     assert daemon.counters["designs"] == 2 and daemon.counters["designs_accepted"] == 1
     assert spool.last_seq() == 1  # the same document, designed again, made its batch
     assert json.loads((tmp_path / "corpus.json").read_text())["consumed"] == 1
+
+
+async def test_episode_retried_after_a_restart_samples_with_the_newest_version(fake, tmp_path):
+    """A restarted server holds only the newest adapter the trainer put back: an episode
+    that failed on an older one is tried again with the newest policy, not waited on forever
+    (it would never come back)."""
+    server, chat = fake
+    cfg = _config(tmp_path, server)
+    cfg = cfg.model_copy(update={"pool": PoolConfig(
+        wait_for_endpoint_s=5, backoff_initial_s=0.01, backoff_max_s=0.02,
+        health_interval_s=0.2)})
+    weights = tmp_path / "data" / "weights"
+    weights.mkdir(parents=True)
+    server.state.adapters["policy-v1"] = "/tmp/v1"
+    (weights / "current.json").write_text(json.dumps({"version": 1, "model": "policy-v1"}))
+    server.state.token_latency_s = 0.005
+    memory = DictMemory()
+    spool = FileSpool(tmp_path / "spool", writer=True)
+    sampler = CorpusSampler.from_config(cfg.corpus, tmp_path / "corpus.json", autocommit=False)
+
+    async def restart_after_the_first_agent_turn() -> None:
+        while not any(m == "policy-v1" and "agent in an interactive" in chat.decode(
+                c["prompt"][:200]) for m, c in zip(server.state.models_seen,
+                                                   server.state.completions, strict=False)):
+            await anyio.sleep(0.01)
+        server.state.adapters.clear()  # the restart: v1 is gone, the trainer loads v2
+        server.state.adapters["policy-v2"] = "/tmp/v2"
+        (weights / "current.json").write_text(json.dumps({"version": 2, "model": "policy-v2"}))
+
+    async with EndpointPool(cfg.endpoints, cfg.pool) as pool, Sandbox(cfg.sandbox) as sb:
+        daemon = Daemon(cfg, pool=pool, sandbox=sb, memory=memory, spool=spool, corpus=sampler,
+                        chat=chat, run_dir=tmp_path / "run")
+        with anyio.fail_after(60):
+            async with anyio.create_task_group() as tg:
+                await tg.start(pool.run)
+                tg.start_soon(restart_after_the_first_agent_turn)
+                await daemon.run(max_iterations=1)
+                tg.cancel_scope.cancel()
+    episodes = [json.loads(x) for x in (tmp_path / "run" / "episodes.jsonl").read_text()
+                .splitlines()]
+    assert all(e["error"] is None for e in episodes), episodes
+    assert max(e["policy_version"] for e in episodes) == 2
+    assert any(k.endswith("model_not_served") for k in daemon.failures.counts), \
+        daemon.failures.counts
+    assert not daemon.failures.given_up and len(memory.plays) == 1

@@ -117,7 +117,9 @@ async def test_all_down_raises_naming_each_failure(servers):
 
 async def test_4xx_is_raised_at_once_with_server_message(servers):
     async with EndpointPool([_cfg(servers[0], "a"), _cfg(servers[1], "b")], FAST) as pool:
-        with pytest.raises(EndpointRequestError, match="does not exist") as info:
+        # The server's 404 makes the pool list the models again, then name what is served.
+        with pytest.raises(EndpointRequestError, match="'no-such-model' is not served by any "
+                           r"endpoint \(served: policy\)") as info:
             await pool.chat(MSG, model="no-such-model")
     assert info.value.status == 404
     assert servers[0].state.requests + servers[1].state.requests == 0  # refused before counting

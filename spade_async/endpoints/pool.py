@@ -556,6 +556,16 @@ class EndpointPool:
                     self._mark_failed(ep, exc.reason)
                     log.info("request_retry", endpoint=ep.name, path=path, attempt=attempt + 1,
                              reason=exc.reason)
+                except EndpointRequestError as exc:
+                    if exc.status == 404 and model is not None and endpoint is None:
+                        # The server no longer has the model (a restart lost an adapter the
+                        # last listing showed): route again; with nobody serving it, that is
+                        # ModelNotServed, which callers wait out.
+                        ep.models = (ep.models or frozenset({model})) - {model}
+                        errors.append(f"{ep.name}: HTTP 404: {exc.detail}")
+                        continue
+                    exc.attempts, exc.elapsed_s = attempts, round(time.monotonic() - start, 3)
+                    raise
                 except EndpointError as exc:
                     exc.attempts, exc.elapsed_s = attempts, round(time.monotonic() - start, 3)
                     raise
@@ -575,7 +585,9 @@ class EndpointPool:
         if scope.cancelled_caught:
             errors.append(f"deadline of {deadline_s:g}s passed")
             raise fail(EndpointDeadlineExceeded, "missed its deadline")
-        assert last is not None  # the loop ran max_attempts >= 1 times and every one failed
+        if last is None:  # every attempt was a 404 for the model: nobody serves it now
+            raise ModelNotServed(model or "?", sorted(set().union(
+                *(e.models for e in self._endpoints if e.models is not None))))
         extra = {"status": last.status} if last.cls is EndpointServerError else {}
         raise fail(last.cls, "failed", **extra)
 
