@@ -8,8 +8,10 @@
 # The dtype is the config's model.dtype; "auto" on the CPU build picks bf16 only where the CPU
 # has native bf16, else float32 (spade_async/endpoints/cpu_profile.py; the GPU build keeps
 # vLLM's auto; SPADE_VLLM_DEVICE=cpu|gpu skips asking the interpreter which build it runs).
-# On a host of few cores the model's OpenMP threads get all of them (VLLM_CPU_OMP_THREADS_BIND,
-# which the environment may set instead). One line on stderr says what was chosen and why.
+# Threads: vLLM's own binding, except on a small host the server has to itself
+# (SPADE_VLLM_EXCLUSIVE=1), where the model's OpenMP threads get every core
+# (VLLM_CPU_OMP_THREADS_BIND, which the environment may set instead). One line on stderr each
+# says what was chosen and why.
 # --enable-lora only for a vllm-lora endpoint (SPADE_VLLM_LORA=0|1 overrides), and LoRA layers
 # only on trainer.lora_targets: on CPU each costs decode speed (torch.compile off, LoRA ops on
 # every wrapped layer in every step; see `spade bench inference`).
@@ -29,9 +31,13 @@ eval "$settings"
 model=${SPADE_MODEL_DIR:-$cfg_model_dir}
 [ -f "$model/config.json" ] || { echo "error: no checkpoint at $model: run 'spade model prepare --config $cfg'" >&2; exit 2; }
 echo "[inference] dtype $cfg_dtype: $cfg_dtype_reason" >&2
-if [ "$cfg_device" = cpu ] && [ -n "$cfg_omp_threads_bind" ] && [ -z "${VLLM_CPU_OMP_THREADS_BIND:-}" ]; then
-  export VLLM_CPU_OMP_THREADS_BIND=$cfg_omp_threads_bind
-  echo "[inference] threads: $cfg_threads_reason" >&2
+if [ "$cfg_device" = cpu ]; then
+  if [ -n "${VLLM_CPU_OMP_THREADS_BIND:-}" ]; then
+    echo "[inference] threads: VLLM_CPU_OMP_THREADS_BIND=$VLLM_CPU_OMP_THREADS_BIND from the environment" >&2
+  else
+    [ -z "$cfg_omp_threads_bind" ] || export VLLM_CPU_OMP_THREADS_BIND=$cfg_omp_threads_bind
+    echo "[inference] threads: $cfg_threads_reason" >&2
+  fi
 fi
 read -r -a lora_targets <<< "$cfg_lora_targets"
 lora=(--enable-lora --max-lora-rank "$cfg_max_lora_rank" --max-loras "$cfg_max_loras"

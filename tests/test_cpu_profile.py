@@ -105,13 +105,16 @@ def test_this_host_is_read():
     assert host.flags and host.model != "unknown" and host.cores
 
 
-def test_threads_take_every_core_of_a_small_host_only():
-    small = choose_threads(cpu(EPYC_AVX2, cores=2))
+def test_threads_take_every_core_of_a_small_host_the_server_has_to_itself_only():
+    small = choose_threads(cpu(EPYC_AVX2, cores=2), exclusive=True)
     assert small.env == {"VLLM_CPU_OMP_THREADS_BIND": "0,1"} and "2 cores" in small.reason
-    assert choose_threads(parse_cpuinfo(EPYC_AVX2, (2, 5, 7))).env == {
+    assert choose_threads(parse_cpuinfo(EPYC_AVX2, (2, 5, 7)), exclusive=True).env == {
         "VLLM_CPU_OMP_THREADS_BIND": "2,5,7"}  # the affinity mask, not 0..n-1
-    big = choose_threads(cpu(SAPPHIRE_RAPIDS, cores=32))
-    assert big.env == {} and "vLLM default binding" in big.reason
+    # The embedded stack shares the cores with the trainer: vLLM's own binding.
+    shared = choose_threads(cpu(EPYC_AVX2, cores=2))
+    assert shared.env == {} and "shared with the trainer" in shared.reason
+    big = choose_threads(cpu(SAPPHIRE_RAPIDS, cores=32), exclusive=True)
+    assert big.env == {} and "vLLM's own binding" in big.reason
 
 
 def _fake_python(path: Path, answer: str) -> Path:

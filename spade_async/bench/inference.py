@@ -178,7 +178,7 @@ def hf_generate(model_dir: Path, dtype: str, *, batch: int, max_tokens: int, thr
 
 def host_report(cpu: CpuInfo, dtype: DtypeChoice, device: str) -> dict[str, Any]:
     """The host and the settings scripts/inference.sh derives from it (the same functions)."""
-    threads = choose_threads(cpu)
+    threads = choose_threads(cpu, exclusive=True)  # the servers started here run alone
     bind = threads.env.get("VLLM_CPU_OMP_THREADS_BIND", "auto")
     reason = threads.reason
     if os.environ.get("VLLM_CPU_OMP_THREADS_BIND"):
@@ -203,7 +203,9 @@ def run_inference_bench(model_dir: Path, *, base_url: str | None, dtype: str = "
              + " ".join(f"{f}={'yes' if v else 'no'}" for f, v in host["flags"].items()))
     progress(f"dtype {choice.dtype}: {choice.reason}; threads: {host['threads_reason']}")
     report: dict[str, Any] = {"model_dir": str(model_dir), "host": host}
-    env = {"SPADE__MODEL__DTYPE": dtype}  # the server resolves it as `choice` did
+    # The server resolves the dtype as `choice` did, and has the host to itself (the
+    # transformers anchor gets every core too).
+    env = {"SPADE__MODEL__DTYPE": dtype, "SPADE_VLLM_EXCLUSIVE": "1"}
 
     with serving(model_dir, base_url, progress=progress,
                  extra_env={**env, "SPADE_VLLM_LORA": "1"}) as (url, start_s):
