@@ -53,6 +53,7 @@ request_timeout_s = 6
 min_tokens_per_s = 20
 [pool]
 max_attempts = 2
+timeout_margin = 1.5
 backoff_initial_s = 0.05
 backoff_max_s = 0.2
 health_interval_s = 1
@@ -194,19 +195,21 @@ def test_daemon_and_trainer_ride_out_every_fault_and_a_killed_vllm(tmp_path, che
                    and _episodes_since(data, 0, 1), 600)
 
         # Each fault in turn, on the generation routes, until the daemon has counted it.
+        # A stall is seen only once every attempt has run out its timeout, which the pool sizes
+        # from the server's measured speed and load (on a slow CI host ~50 s an attempt here).
         phases = [
-            ("timeout", dict(kind="stall")),            # held until the attempt times out
-            ("connection", dict(kind="drop")),
-            ("http_5xx", dict(kind="status", status=500)),
-            ("http_429", dict(kind="status", status=429)),
-            ("connection", dict(kind="truncate")),
-            ("malformed", dict(kind="garbage")),
+            ("timeout", dict(kind="stall"), 420),       # held until the attempt times out
+            ("connection", dict(kind="drop"), 120),
+            ("http_5xx", dict(kind="status", status=500), 120),
+            ("http_429", dict(kind="status", status=429), 120),
+            ("connection", dict(kind="truncate"), 120),
+            ("malformed", dict(kind="garbage"), 120),
         ]
-        for expect, fault in phases:
+        for expect, fault, wait_s in phases:
             before = stack.kinds()[expect]
             proxy.inject(**fault, paths=COMPLETIONS)
             stack.wait(f"a '{expect}' failure from {fault}",
-                       lambda: stack.kinds()[expect] > before, 120)  # noqa: B023
+                       lambda: stack.kinds()[expect] > before, wait_s)  # noqa: B023
             proxy.clear()
         proxy.down(8)  # the whole server away for 8 s: connections refused, then back
         time.sleep(9)
