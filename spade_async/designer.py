@@ -12,6 +12,7 @@ import ast
 import re
 import uuid
 from dataclasses import dataclass, field
+from typing import Any
 
 from spade_async.chat_tokens import ChatTokens
 from spade_async.endpoints.pool import EndpointPool
@@ -50,6 +51,13 @@ class Design:
     token_ids: list[int] = field(default_factory=list)
     loss_mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    # The move (DESIGN §12): "write" a new module, or "edit" the knobs of the stored
+    # environment `parent` (its code, with `params`; see spade_async/edit.py).
+    move: str = "write"
+    parent: str | None = None
+    params: dict[str, Any] | None = None
+    allowed: list[list[int]] | None = None  # per sampled token, under a choice constraint
+    error: str = ""  # why an edit has no params
 
 
 def designer_messages(excerpt: str, examples: list[str]) -> list[dict[str, str]]:
