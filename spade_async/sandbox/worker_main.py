@@ -7,6 +7,7 @@ response), then serves one JSON object per line on stdin/stdout:
 
     {"id": 1, "op": "load", "code": "..."}      -> {"id": 1, "ok": true, "result": {meta}}
     {"id": 2, "op": "reset", "seed": 0}         -> {"id": 2, "ok": true, "result": {...}}
+    {"id": 2, "op": "reset", "seed": 0, "params": {"digits": 4}}   (env.reset(0, {"digits": 4}))
     {"id": 3, "op": "step", "action": "..."}    ... "hint", "solution", "close"
     failures: {"id": n, "ok": false, "kind": "...", "error": "...", "traceback": "..."}
 
@@ -98,6 +99,7 @@ class _Session:
             "max_turns": getattr(env, "max_turns", 8),
             "tools": list(getattr(env, "tools", None) or []),
             "has_solution": callable(getattr(env, "solution", None)),
+            "params": _none_as_empty(getattr(env, "params", None)),
         }
 
     def _need_env(self):
@@ -106,7 +108,15 @@ class _Session:
         return self.env
 
     def reset(self, req):
-        out = self._need_env().reset(int(req["seed"]))
+        # The knobs go positionally, and only when the daemon sends them: an environment
+        # without knobs keeps its one-argument reset(seed).
+        params = req.get("params")
+        if params is None:
+            out = self._need_env().reset(int(req["seed"]))
+        elif isinstance(params, dict):
+            out = self._need_env().reset(int(req["seed"]), params)
+        else:
+            raise TypeError(f"reset params must be a dict, got {type(params).__name__}")
         if not isinstance(out, (tuple, list)) or len(out) != 2:
             raise TypeError(f"reset() must return (observation, info), got {_shape(out)}")
         return {"observation": out[0], "info": out[1]}
@@ -133,6 +143,10 @@ class _Session:
         if not isinstance(actions, (list, tuple)):
             raise TypeError(f"solution() must return a list of action strings, got {_shape(actions)}")
         return {"actions": list(actions)}
+
+
+def _none_as_empty(value):
+    return {} if value is None else value
 
 
 def _shape(value):
