@@ -207,7 +207,8 @@ def _variant_reason(params: Any, exc: ContractError) -> str:
 
 
 def _point_label(point: dict[str, Any]) -> str:
-    return json.dumps(point, ensure_ascii=False)
+    text = json.dumps(point, ensure_ascii=False)
+    return text if len(text) <= 300 else text[:297] + "..."
 
 
 # ---- sandboxed ---------------------------------------------------------------------------
