@@ -260,6 +260,21 @@ async def test_a_malformed_computed_schema_fails_load_naming_the_knob(sandbox):
     assert report.failures[0].name == "load" and "knob 'bad'" in report.reason
 
 
+@pytest.mark.parametrize(("declared", "words"), [
+    ('{"digits": {"type": "choice", "choices": {1, 2}, "default": 1}}',
+     "load is not JSON-serializable"),
+    ('["digits"]', "Environment.params must be a dict"),
+    ("property(lambda self: 1 / 0)", "ZeroDivisionError"),
+])
+async def test_knobs_the_worker_cannot_send_fail_load(sandbox, declared, words):
+    """Computed (`[...][0]`, so static.params cannot read them) and wrong: the worker's own
+    serialisation or the daemon's re-check catches them at load, with a reason."""
+    code = PLAIN.replace("    max_turns = 2\n", f"    max_turns = 2\n    params = [{declared}][0]\n")
+    report = await validate(code, sandbox)
+    assert [c.name for c in report.failures] == ["load"], report.as_dict()
+    assert words in report.reason, report.reason
+
+
 async def test_environment_with_knobs_is_validated_at_every_extreme(sandbox):
     report = await validate(KNOBS, sandbox)
     assert report.accepted, json.dumps(report.as_dict(), indent=1)
@@ -283,6 +298,7 @@ async def test_environment_with_knobs_is_validated_at_every_extreme(sandbox):
      "not_exploitable", {"digits": 2, "mode": "double"}),
 ])
 async def test_a_failure_at_one_extreme_names_the_point(sandbox, old, new, check, point):
+    assert old in KNOBS
     code = KNOBS.replace(old, new).replace(
         "        verb = ", '        self.observation_is_double = params["mode"] == "double"\n'
         "        verb = ")
@@ -299,6 +315,22 @@ async def test_a_failure_at_one_extreme_names_the_point(sandbox, old, new, check
     assert (await validate(code, sandbox, params={"digits": 3})).accepted
     at_bug = await validate(code, sandbox, params=point)
     assert [c.name for c in at_bug.failures] == [check]
+
+
+async def test_a_sandbox_failure_at_an_extreme_stops_the_remaining_points(sandbox):
+    code = KNOBS.replace("    def step(self, action):\n", "    def step(self, action):\n"
+                         "        if self.a < 10:\n            raise KeyError('one digit')\n")
+    report = await validate(code, sandbox)
+    by_name = {c.name: c for c in report.checks}
+    assert [c.name for c in report.failures] == ["types"]
+    assert by_name["types"].reason.startswith('at params {"digits": 1, "mode": "sum"}: raised: ')
+    assert "KeyError" in by_name["types"].reason
+    assert report.points == ({"digits": 2, "mode": "sum"}, {"digits": 1, "mode": "sum"})
+    # determinism and hint passed where they ran, but not everywhere: no verdict
+    assert by_name["hint"].passed is None
+    assert by_name["hint"].reason == ('not run at params {"digits": 4, "mode": "sum"}: an '
+                                      "earlier check failed")
+    assert by_name["solution"].passed is None
 
 
 async def test_validating_a_variant_checks_only_that_point(sandbox):
