@@ -444,3 +444,32 @@ def test_cli_validate_and_play_take_params(tmp_path):
     # one line (the log line before it is the sandbox starting, on stderr)
     assert res.output.strip().splitlines()[-1] == (
         'error: --params: param \'mode\' must be one of ["sum", "double"], got "x"'), res.output
+
+
+async def test_daemon_plays_a_job_at_its_params_hinted_too(fake, tmp_path):
+    """`PlayJob.params` reaches both resets of a hinted episode (the hint's and the played
+    one), so the hint belongs to the episode that is played."""
+    from test_daemon import _config
+
+    from spade_async.corpus import CorpusSampler
+    from spade_async.daemon import Daemon, PlayJob
+    from spade_async.spool import FileSpool
+    from spade_async.testing.memory import DictMemory
+
+    server, chat = fake
+    cfg = _config(tmp_path, server)
+    sampler = CorpusSampler.from_config(cfg.corpus, tmp_path / "corpus.json", autocommit=False)
+    async with EndpointPool(cfg.endpoints, cfg.pool) as pool, Sandbox(cfg.sandbox) as sb:
+        daemon = Daemon(cfg, pool=pool, sandbox=sb, memory=DictMemory(),
+                        spool=FileSpool(tmp_path / "spool", writer=True), corpus=sampler,
+                        chat=chat, run_dir=tmp_path / "run")
+        job = PlayJob("e1", KNOBS, "adder", None, params={"digits": 4})
+        varied = await daemon._episode_once(job, True, 0, "policy", 0)
+        plain = await daemon._episode_once(PlayJob("e1", KNOBS, "adder", None), True, 0,
+                                           "policy", 0)
+    assert varied.error is None and plain.error is None, (varied.error, plain.error)
+    a, b = (int(w) for w in varied.first_observation.rstrip(".").split()[1::2])
+    assert a >= 1000 and b >= 1000 and varied.params == {"digits": 4}
+    assert plain.params is None and int(plain.first_observation.split()[1]) < 100
+    prompts = [chat.decode(c["prompt"]) for c in server.state.completions]
+    assert any(f"The first number is {a}." in p for p in prompts)
