@@ -6,6 +6,7 @@ moves the protocol off stdout (fd 1 and 2 point at /dev/null, so a `print` canno
 response), then serves one JSON object per line on stdin/stdout:
 
     {"id": 1, "op": "load", "code": "..."}      -> {"id": 1, "ok": true, "result": {meta}}
+                                                   (meta["params"]: the raw knobs, {} if none)
     {"id": 2, "op": "reset", "seed": 0}         -> {"id": 2, "ok": true, "result": {...}}
     {"id": 2, "op": "reset", "seed": 0, "params": {"digits": 4}}   (env.reset(0, {"digits": 4}))
     {"id": 3, "op": "step", "action": "..."}    ... "hint", "solution", "close"
@@ -93,13 +94,14 @@ class _Session:
             raise TypeError("the module must define a class named Environment")
         self.env = cls()
         env = self.env
+        params = getattr(env, "params", None)
         return {
             "name": getattr(env, "name", None),
             "description": getattr(env, "description", None),
             "max_turns": getattr(env, "max_turns", 8),
             "tools": list(getattr(env, "tools", None) or []),
             "has_solution": callable(getattr(env, "solution", None)),
-            "params": _none_as_empty(getattr(env, "params", None)),
+            "params": {} if params is None else params,
         }
 
     def _need_env(self):
@@ -143,10 +145,6 @@ class _Session:
         if not isinstance(actions, (list, tuple)):
             raise TypeError(f"solution() must return a list of action strings, got {_shape(actions)}")
         return {"actions": list(actions)}
-
-
-def _none_as_empty(value):
-    return {} if value is None else value
 
 
 def _shape(value):
