@@ -141,6 +141,8 @@ def _int(**kw):
     ({"d": _int(default=9)}, "knob 'd': needs min <= default <= max"),
     ({"r": {"type": "float", "min": 0, "max": float("inf"), "default": 1}},
      "knob 'r': max must be a finite number"),
+    ({"r": {"type": "float", "min": 0, "max": 10**400, "default": 1}},
+     "knob 'r': max must be a finite number"),  # float() of it would overflow
     ({"r": {"type": "float", "min": 0, "max": 1, "default": 2.5}},
      "knob 'r': needs min <= default <= max"),
     ({"b": {"type": "bool", "default": 1}}, "knob 'b': default must be true or false"),
@@ -186,6 +188,7 @@ def test_resolve_fills_defaults_and_converts_ints_for_float_knobs():
     ({"ratio": 1.5}, "param 'ratio' must be a float in [0.0, 1.0], got 1.5"),
     ({"ratio": float("nan")}, "param 'ratio' must be a float"),
     ({"ratio": False}, "param 'ratio' must be a float"),
+    ({"ratio": 10**400}, "param 'ratio' must be a float"),
     ({"shown": 1}, "param 'shown' must be true or false, got 1"),
     ({"mode": "triple"}, 'param \'mode\' must be one of ["sum", "double"], got "triple"'),
     (["digits"], "params must be a dict"),

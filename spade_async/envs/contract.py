@@ -191,7 +191,14 @@ def _is_int(v: Any) -> bool:
 
 
 def _is_number(v: Any) -> bool:
-    return _is_int(v) or (isinstance(v, float) and math.isfinite(v))
+    """An int or a finite float that converts to a finite float (a 400-digit int does not:
+    float() of it would raise OverflowError past the contract's checks)."""
+    if _is_int(v):
+        try:
+            return math.isfinite(float(v))
+        except OverflowError:
+            return False
+    return isinstance(v, float) and math.isfinite(v)
 
 
 _SPEC_KEYS = {
