@@ -140,6 +140,9 @@ class ValidationConfig(_Strict):
     """The acceptance checks of DESIGN §3 run on every proposed environment."""
 
     seeds: list[int] = Field([0, 1, 2], min_length=1, description="seeds for every sandbox check")
+    extreme_seeds: int = Field(1, ge=1, description="how many of `seeds` the checks use at an "
+                               "environment's knob extremes (all of them at the defaults and at a "
+                               "proposed variant): up to 16 extra points, so they cost ~1/3 each")
     exploit_threshold: float = Field(0.5, gt=0, le=1, description="a probe policy scoring this "
                                      "much means the environment is trivially exploitable")
     solution_score: float = Field(1.0, gt=0, le=1, description="score the solution must reach")

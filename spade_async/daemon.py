@@ -129,6 +129,7 @@ class PlayJob:
     code: str
     name: str
     group: DocGroup | None  # None: a replayed environment
+    params: dict[str, Any] | None = None  # a variant's knobs (None: the environment's defaults)
 
 
 @dataclass
@@ -615,11 +616,12 @@ class Daemon:
             async with self.sandbox.open(job.code) as env:
                 hint = None
                 if hinted:
-                    await env.reset(seed)
+                    await env.reset(seed, job.params)
                     hint = await env.hint()
                 return await run_episode(env, self.pool, self.chat, env_id=job.env_id,
                                          seed=seed, hint=hint, model=model,
-                                         policy_version=version, cfg=self.cfg.rollout)
+                                         policy_version=version, cfg=self.cfg.rollout,
+                                         params=job.params)
         except (SandboxError, EndpointError) as exc:
             return Episode(f"ep-{uuid.uuid4().hex[:12]}", job.env_id, seed, hinted, version,
                            model, error=f"{type(exc).__name__}: {exc}",
