@@ -242,11 +242,12 @@ class EnvMemory:
         return found[0]
 
     async def get(self, id_or_prefix: str, *, code: bool = False) -> EnvRecord:
-        """By id or unique id prefix (as `list` prints them). KeyError when none or ambiguous.
+        """By id or unique id prefix (as `list` prints them), or a variant id (as replay and
+        `stats` print them: its environment). KeyError when none or ambiguous.
         Its stats are aggregated over its variants (`records.aggregate_stats`: episodes summed,
         means weighted by episodes); `variants()` has each one's."""
-        key = id_or_prefix.strip().lower()
-        if not key or any(c not in "0123456789abcdef" for c in key):
+        key, _, variant = id_or_prefix.strip().lower().partition(".")
+        if not key or any(c not in "0123456789abcdef" for c in key + variant):
             raise KeyError(f"{id_or_prefix!r} is not an environment id (hex)")
         cols = [*RECORD_COLUMNS, "code"] if code else RECORD_COLUMNS
         with anyio.fail_after(self.cfg.db_timeout_s):

@@ -155,7 +155,8 @@ def memory_list(
 
 @memory_app.command("show")
 def memory_show(
-    env_id: str = typer.Argument(..., metavar="ID", help="environment id or a unique prefix"),
+    env_id: str = typer.Argument(..., metavar="ID",
+                                 help="environment id, a unique prefix, or a variant id"),
     code: bool = typer.Option(False, "--code", help="print the code too"),
     config: Path = ConfigOpt,
     as_json: bool = JsonOpt,

@@ -289,6 +289,8 @@ def test_memory_show_and_stats_list_the_variants(tmp_path):
     default_line = next(line for line in text.splitlines() if line.startswith(f"  {a} "))
     assert "1/1" in default_line and "{} (defaults)" in default_line
 
+    by_variant = json.loads(run("memory", "show", variant_id(a, HARD), "--json"))
+    assert by_variant["id"] == a and by_variant["variants"] == shown["variants"]
     assert json.loads(run("memory", "show", b, "--json"))["variants"] == []
     assert "variants:       none played" in run("memory", "show", b)
 
