@@ -60,9 +60,22 @@ RETRY_EPISODE = frozenset({"timeout", "deadline", "http_5xx", "http_429", "malfo
 
 @dataclass(frozen=True)
 class StoredEnv:
+    """An environment to play: `env_id` is the environment (family, whose code this is),
+    `params` the difficulty knobs to play it at ({}: its defaults) and `variant_id` that
+    variant's stats key (memory_db.schema.variant_id; defaults to env_id when there are no
+    params)."""
+
     env_id: str
     code: str
     name: str
+    params: dict[str, Any] = field(default_factory=dict, hash=False)
+    variant_id: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.variant_id:
+            if self.params:  # only the memory knows how params hash; never guess an id here
+                raise ValueError(f"StoredEnv {self.env_id} with params needs its variant_id")
+            object.__setattr__(self, "variant_id", self.env_id)
 
 
 class MemoryPort(Protocol):
@@ -75,7 +88,10 @@ class MemoryPort(Protocol):
         ...
 
     async def record_play(self, env_id: str, unhinted: list[float], hinted: list[float],
-                          regret: EnvRegret, replayed: bool) -> None: ...
+                          regret: EnvRegret, replayed: bool,
+                          params: dict[str, Any] | None = None) -> None:
+        """Episodes of environment `env_id` played at `params` (resolved; None: defaults)."""
+        ...
 
     async def sample_replay(self) -> StoredEnv | None: ...
 

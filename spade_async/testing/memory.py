@@ -39,7 +39,7 @@ class DictMemory:
                                       "policy_version": policy_version})
         return status, env_id if status is DesignStatus.ACCEPTED else None, reason
 
-    async def record_play(self, env_id, unhinted, hinted, regret, replayed):
+    async def record_play(self, env_id, unhinted, hinted, regret, replayed, params=None):
         self.plays.append((env_id, unhinted, hinted, regret, replayed))
 
     async def accepted_count(self) -> int:
