@@ -95,13 +95,19 @@ class LanceMemoryPort:
             self._unseen = [r.id for r in sorted(records, key=lambda r: (r.created_at, r.id))
                             if not r.stats.episodes_unhinted]
         if self._unseen:
-            env_id, params = self._unseen.pop(0), {}
-        else:
-            drawn = await self.mem.sample_replay(self.rng)
-            if drawn is None:
-                return None
-            variant = await self.mem.variant(drawn[0])
-            env_id, params = variant.env_id, variant.params
+            return await self._stored(self._unseen.pop(0), {})
+        return await self.sample_played()
+
+    async def sample_played(self) -> StoredEnv | None:
+        """PLR's draw over the played variants only (what the edit move starts from, as ACCEL
+        edits levels from its replay buffer); None when nothing has been played yet."""
+        drawn = await self.mem.sample_replay(self.rng)
+        if drawn is None:
+            return None
+        variant = await self.mem.variant(drawn[0])
+        return await self._stored(variant.env_id, variant.params)
+
+    async def _stored(self, env_id: str, params: dict[str, Any]) -> StoredEnv:
         rec = await self.mem.get(env_id, code=True)
         return StoredEnv(rec.id, rec.code or "", rec.name, params=params,
                          variant_id=variant_id(rec.id, params))
