@@ -36,7 +36,7 @@ from spade_async.config import SpadeConfig
 from spade_async.constrained import TokenBytes
 from spade_async.corpus import Chunk, CorpusSampler
 from spade_async.designer import Design, design
-from spade_async.edit import VariantView, candidate_params, propose_edit
+from spade_async.edit import VariantView, candidate_params, easiest_params, propose_edit
 from spade_async.endpoints.pool import EndpointError, EndpointPool
 from spade_async.envs.contract import ContractError, EnvMeta, resolve_params
 from spade_async.envs.validate import ValidationReport, validate
@@ -442,8 +442,9 @@ class Daemon:
     async def _edit_parent(self) -> StoredEnv | None:
         """What the next edit starts from: a played variant drawn by the replay sampler's
         priorities (ACCEL edits levels from its buffer), if its environment has knobs; else
-        an accepted environment with knobs at its defaults, at random. None (the move falls
-        back to write) when no stored environment has knobs."""
+        an accepted environment with knobs at its easiest point (ACCEL starts from simple
+        levels), at random. None (the move falls back to write) when no stored environment
+        has knobs."""
         try:
             for _ in range(4):
                 env = await self._memory_op(self.memory.sample_played, what="edit_parent")
@@ -467,7 +468,10 @@ class Daemon:
         if not families:
             self.counters["edit_without_parent"] += 1
             return None
-        return self._rng.choice(families)
+        env = self._rng.choice(families)
+        easy = easiest_params(self._metas[env.env_id].params)
+        return StoredEnv(env.env_id, env.code, env.name, params=easy,
+                         variant_id=variant_id(env.env_id, easy))
 
     def _vocabulary(self) -> TokenBytes:
         if self._vocab is None:

@@ -26,8 +26,9 @@ class Environment:
     description: str     # what the agent must do and the exact action format
     max_turns: int = 8   # agent actions before the episode is truncated
     tools: list = []     # optional OpenAI function-tool schemas the agent may call
+    params: dict = {{}}    # optional difficulty knobs, e.g. {{"digits": {{"type": "int", "min": 1, "max": 6, "default": 3}}}} (min is the easiest)
 
-    def reset(self, seed: int) -> tuple[str, dict]: ...   # first observation, info; deterministic per seed (use random.Random(seed))
+    def reset(self, seed: int, params: dict = None) -> tuple[str, dict]: ...   # first observation, info; deterministic per seed (use random.Random(seed)); params: every knob's value
     def step(self, action: str) -> tuple[str, float, bool, bool, dict]: ...  # obs, reward, terminated, truncated, info
     def hint(self) -> str: ...           # privileged hint that makes this episode much easier
     def solution(self) -> list[str]: ... # actions that reach full score from reset(seed)
