@@ -42,7 +42,7 @@ RUNGS: dict[str, dict[str, dict[str, Any]]] = {
                                    "cross_month": False}},
     "linear_system": {"easiest": {"unknowns": 1, "coef_max": 2, "value_max": 9,
                                   "negatives": False},
-                      "middle": {"unknowns": 2, "coef_max": 1, "value_max": 9,
+                      "middle": {"unknowns": 2, "coef_max": 2, "value_max": 9,
                                  "negatives": False}},
     "modular_coins": {"easiest": {"facts": 1, "moduli_max": 5, "bound_max": 20},
                       "middle": {"facts": 2, "moduli_max": 5, "bound_max": 100}},

@@ -148,7 +148,8 @@ class Environment:
         self._need_submit = knobs["submit"]
         self._turns = 0
         self._done = False
-        obs = (f"The store holds {len(self._store)} keys. Start key: '{self._entry}'. Result "
+        keys = "key" if len(self._store) == 1 else "keys"
+        obs = (f"The store holds {len(self._store)} {keys}. Start key: '{self._entry}'. Result "
                f"key: '{self._result}'. Junk prefix: '{self._junk}'.")
         if not self._need_submit:
             obs += " Setting the result key ends the episode and checks the store at once."

@@ -91,7 +91,8 @@ class Environment:
                      f"{white} white.")
         self._turns = 0
         self._done = False
-        obs = (f"A secret code of {length} pegs from the colors {' '.join(palette)} (repeats "
+        pegs = "peg" if length == 1 else "pegs"
+        obs = (f"A secret code of {length} {pegs} from the colors {' '.join(palette)} (repeats "
                f"allowed) is set.{shown} You have {self._budget} guesses. Reply "
                f"'GUESS: {'X' * length}'.")
         info = {"colors": palette, "length": length, "knobs": knobs}

@@ -111,8 +111,8 @@ class Environment:
 
     def hint(self):
         shown = min(3, len(self._runs) // 2)  # never every run: that would be the code itself
-        runs = "run" if len(self._runs) == 1 else "runs"
-        text = (f"There are {len(self._runs)} {runs} and the string has {len(self._plain)} "
+        runs = "There is 1 run" if len(self._runs) == 1 else f"There are {len(self._runs)} runs"
+        text = (f"{runs} and the string has {len(self._plain)} "
                 "characters")
         if shown:
             first = " ".join(f"{ch}{n}" for ch, n in self._runs[:shown])

@@ -143,7 +143,8 @@ class Environment:
         self._leftover = list(self._cart)
         self._turns = 0
         self._done = False
-        obs = (f"Task: buy exactly {self._qty} units of the cheapest {self._category[:-1]} "
+        units = "unit" if self._qty == 1 else "units"
+        obs = (f"Task: buy exactly {self._qty} {units} of the cheapest {self._category[:-1]} "
                f"(category '{self._category}') rated at least {self._min_rating} that has enough "
                "stock, and nothing else. Reply with one JSON tool call per turn.")
         return obs, {"category": self._category, "quantity": self._qty,
