@@ -3,14 +3,6 @@
 import random
 import re
 
-PARAMS = {
-    "digits": {"type": "int", "min": 1, "max": 4, "default": 2,
-               "description": "digits per number (1 means 2 to 9)"},
-    "operations": {"type": "choice", "choices": ["+", "+-", "+-*"], "default": "+-",
-                   "description": "operators that may appear (* binds tighter than + and -)"},
-    "terms": {"type": "int", "min": 2, "max": 5, "default": 3,
-              "description": "numbers in the expression"},
-}
 # Answers the validator's constant probes would hit are never asked: 0, 1, 42, and the 9 its
 # random text ends in.
 SHUNNED = (-1, 0, 1, 9, 42)
@@ -66,7 +58,14 @@ class Environment:
     )
     max_turns = 1
     tools = []
-    params = PARAMS
+    params = {
+        "digits": {"type": "int", "min": 1, "max": 4, "default": 2,
+                   "description": "digits per number (1 means 2 to 9)"},
+        "operations": {"type": "choice", "choices": ["+", "+-", "+-*"], "default": "+-",
+                       "description": "operators that may appear (* binds tighter than + and -)"},
+        "terms": {"type": "int", "min": 2, "max": 5, "default": 3,
+                  "description": "numbers in the expression"},
+    }
 
     _done = True
     _turns = 0

@@ -9,18 +9,6 @@ HOURS = list(range(9, 17))
 TITLES = ["Budget review", "Design critique", "Vendor call", "1:1 with Sam", "Hiring panel",
           "Roadmap sync", "Security audit", "Customer demo", "Retro", "Lunch and learn",
           "Infra standup", "Board prep", "Sales pipeline", "Offsite planning", "QA triage"]
-PARAMS = {
-    "move": {"type": "bool", "default": True,
-             "description": "the meeting is already booked and must be cancelled (off: a new "
-                            "booking only)"},
-    "blocked": {"type": "int", "min": 0, "max": 2, "default": 2,
-                "description": "most booked slots between the asked time and the free one"},
-    "busy": {"type": "float", "min": 0.0, "max": 0.5, "default": 0.3,
-             "description": "share of the week's other slots that are booked"},
-    "submit": {"type": "bool", "default": True,
-               "description": "finish with submit (off: the first successful booking is checked "
-                              "at once and ends the episode)"},
-}
 TOOLS = [
     {"type": "function", "function": {
         "name": "list_slots",
@@ -120,7 +108,18 @@ class Environment:
     max_turns = 10
     tools = TOOLS
 
-    params = PARAMS
+    params = {
+        "move": {"type": "bool", "default": True,
+                 "description": "the meeting is already booked and must be cancelled (off: a new "
+                                "booking only)"},
+        "blocked": {"type": "int", "min": 0, "max": 2, "default": 2,
+                    "description": "most booked slots between the asked time and the free one"},
+        "busy": {"type": "float", "min": 0.0, "max": 0.5, "default": 0.3,
+                 "description": "share of the week's other slots that are booked"},
+        "submit": {"type": "bool", "default": True,
+                   "description": "finish with submit (off: the first successful booking is "
+                                  "checked at once and ends the episode)"},
+    }
 
     _done = True
     _turns = 0

@@ -7,17 +7,6 @@ import re
 WEEKDAYS = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"]
 MONTHS = ["January", "February", "March", "April", "May", "June", "July", "August", "September",
           "October", "November", "December"]
-PARAMS = {
-    "kinds": {"type": "choice", "choices": ["after", "after_before", "all"], "default": "all",
-              "description": "question kinds: days after; days after or before; also the n-th "
-                             "weekday after"},
-    "max_days": {"type": "int", "min": 1, "max": 3000, "default": 3000,
-                 "description": "largest day count (counts run from max_days/75; weekday "
-                                "counts up to max_days/50)"},
-    "cross_month": {"type": "bool", "default": True,
-                    "description": "the answer may lie in another month (off: same month, at "
-                                   "most 20 days or 2 weekdays away)"},
-}
 
 
 def _resolve(specs, given):
@@ -60,7 +49,17 @@ class Environment:
     max_turns = 1
     tools = []
 
-    params = PARAMS
+    params = {
+        "kinds": {"type": "choice", "choices": ["after", "after_before", "all"], "default": "all",
+                  "description": "question kinds: days after; days after or before; also the n-th "
+                                 "weekday after"},
+        "max_days": {"type": "int", "min": 1, "max": 3000, "default": 3000,
+                     "description": "largest day count (counts run from max_days/75; weekday "
+                                    "counts up to max_days/50)"},
+        "cross_month": {"type": "bool", "default": True,
+                        "description": "the answer may lie in another month (off: same month, at "
+                                       "most 20 days or 2 weekdays away)"},
+    }
 
     _done = True
     _turns = 0

@@ -25,19 +25,6 @@ TOOLS = [
         "name": "submit", "description": "Declare the task done; the file system is then checked.",
         "parameters": {"type": "object", "properties": {}, "required": []}}},
 ]
-PARAMS = {
-    "logs": {"type": "int", "min": 1, "max": 4, "default": 3,
-             "description": "log files to add up: one directly in /data, the rest one per "
-                            "subdirectory"},
-    "decoys": {"type": "bool", "default": True,
-               "description": "decoy .txt and .log.bak files holding the same metric"},
-    "digits": {"type": "int", "min": 1, "max": 3, "default": 3,
-               "description": "digits of each logged value (1 means 2 to 9)"},
-    "mkdir": {"type": "bool", "default": True,
-              "description": "the report's directory must be created (off: it exists)"},
-    "paths_given": {"type": "bool", "default": False,
-                    "description": "the task lists the log files' paths"},
-}
 SUBDIRS = ["web", "api", "batch", "cache", "edge", "jobs", "mail", "auth"]
 STEMS = ["access", "events", "server", "audit", "worker", "gateway", "metrics", "daily", "sync"]
 
@@ -118,7 +105,19 @@ class Environment:
     max_turns = 12
     tools = TOOLS
 
-    params = PARAMS
+    params = {
+        "logs": {"type": "int", "min": 1, "max": 4, "default": 3,
+                 "description": "log files to add up: one directly in /data, the rest one per "
+                                "subdirectory"},
+        "decoys": {"type": "bool", "default": True,
+                   "description": "decoy .txt and .log.bak files holding the same metric"},
+        "digits": {"type": "int", "min": 1, "max": 3, "default": 3,
+                   "description": "digits of each logged value (1 means 2 to 9)"},
+        "mkdir": {"type": "bool", "default": True,
+                  "description": "the report's directory must be created (off: it exists)"},
+        "paths_given": {"type": "bool", "default": False,
+                        "description": "the task lists the log files' paths"},
+    }
 
     _done = True
     _turns = 0

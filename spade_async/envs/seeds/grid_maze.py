@@ -7,18 +7,6 @@ import re
 MOVES = {"U": (-1, 0), "D": (1, 0), "L": (0, -1), "R": (0, 1)}
 WORDS = {"UP": "U", "DOWN": "D", "LEFT": "L", "RIGHT": "R", "NORTH": "U", "SOUTH": "D",
          "WEST": "L", "EAST": "R", "N": "U", "S": "D", "W": "L", "E": "R"}
-PARAMS = {
-    "height": {"type": "int", "min": 3, "max": 9, "default": 7,
-               "description": "map rows, border walls included"},
-    "width": {"type": "int", "min": 4, "max": 11, "default": 9,
-              "description": "map columns, border walls included"},
-    "walls": {"type": "float", "min": 0.0, "max": 0.4, "default": 0.3,
-              "description": "share of inner cells that are walls"},
-    "min_path": {"type": "int", "min": 1, "max": 12, "default": 7,
-                 "description": "shortest path length at least this (as far as the map allows)"},
-    "replies": {"type": "int", "min": 1, "max": 12, "default": 12,
-                "description": "replies allowed"},
-}
 
 
 def _resolve(specs, given):
@@ -89,7 +77,19 @@ class Environment:
     max_turns = 12
     tools = []
 
-    params = PARAMS
+    params = {
+        "height": {"type": "int", "min": 3, "max": 9, "default": 7,
+                   "description": "map rows, border walls included"},
+        "width": {"type": "int", "min": 4, "max": 11, "default": 9,
+                  "description": "map columns, border walls included"},
+        "walls": {"type": "float", "min": 0.0, "max": 0.4, "default": 0.3,
+                  "description": "share of inner cells that are walls"},
+        "min_path": {"type": "int", "min": 1, "max": 12, "default": 7,
+                     "description": "shortest path at least this long (as far as the map "
+                                    "allows)"},
+        "replies": {"type": "int", "min": 1, "max": 12, "default": 12,
+                    "description": "replies allowed"},
+    }
 
     _done = True
     _turns = 0

@@ -25,18 +25,6 @@ TOOLS = [
         "name": "submit", "description": "Declare the task done; the store is then checked.",
         "parameters": {"type": "object", "properties": {}, "required": []}}},
 ]
-PARAMS = {
-    "hops": {"type": "int", "min": 0, "max": 4, "default": 2,
-             "description": "pointer keys between the start key and the final value (0: the "
-                            "start key holds it)"},
-    "decoys": {"type": "int", "min": 0, "max": 9, "default": 9,
-               "description": "decoy node keys (final values and pointers off the chain)"},
-    "junk": {"type": "int", "min": 0, "max": 3, "default": 3,
-             "description": "most junk keys to delete (at least junk - 1)"},
-    "submit": {"type": "bool", "default": True,
-               "description": "finish with submit (off: the first set of the result key ends "
-                              "the episode and is checked)"},
-}
 WORDS = ["amber", "cobalt", "dune", "ember", "fjord", "garnet", "harbor", "indigo", "jade",
          "kelp", "lotus", "mesa", "nectar", "onyx", "prairie", "quartz", "russet", "sierra"]
 
@@ -98,7 +86,18 @@ class Environment:
     max_turns = 12
     tools = TOOLS
 
-    params = PARAMS
+    params = {
+        "hops": {"type": "int", "min": 0, "max": 4, "default": 2,
+                 "description": "pointer keys between the start key and the final value (0: the "
+                                "start key holds it)"},
+        "decoys": {"type": "int", "min": 0, "max": 9, "default": 9,
+                   "description": "decoy node keys (final values and pointers off the chain)"},
+        "junk": {"type": "int", "min": 0, "max": 3, "default": 3,
+                 "description": "most junk keys to delete (at least junk - 1)"},
+        "submit": {"type": "bool", "default": True,
+                   "description": "finish with submit (off: the first set of the result key ends "
+                                  "the episode and is checked)"},
+    }
 
     _done = True
     _turns = 0

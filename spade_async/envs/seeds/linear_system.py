@@ -7,16 +7,6 @@ VARS = ("x", "y", "z")
 # A lone unknown never takes a value the validator's constant probes would hit: 0, 1, and the 9
 # its random text ends in.
 SHUNNED = (0, 1, 9)
-PARAMS = {
-    "unknowns": {"type": "int", "min": 1, "max": 3, "default": 3,
-                 "description": "unknowns and equations (1: one equation a*x + b = c)"},
-    "coef_max": {"type": "int", "min": 1, "max": 6, "default": 6,
-                 "description": "largest coefficient size"},
-    "value_max": {"type": "int", "min": 5, "max": 9, "default": 9,
-                  "description": "largest size of a solution value"},
-    "negatives": {"type": "bool", "default": True,
-                  "description": "negative coefficients and solution values may appear"},
-}
 
 
 def _resolve(specs, given):
@@ -92,7 +82,16 @@ class Environment:
     max_turns = 1
     tools = []
 
-    params = PARAMS
+    params = {
+        "unknowns": {"type": "int", "min": 1, "max": 3, "default": 3,
+                     "description": "unknowns and equations (1: one equation a*x + b = c)"},
+        "coef_max": {"type": "int", "min": 1, "max": 6, "default": 6,
+                     "description": "largest coefficient size"},
+        "value_max": {"type": "int", "min": 5, "max": 9, "default": 9,
+                      "description": "largest size of a solution value"},
+        "negatives": {"type": "bool", "default": True,
+                      "description": "negative coefficients and solution values may appear"},
+    }
 
     _done = True
     _turns = 0

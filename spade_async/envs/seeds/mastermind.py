@@ -7,15 +7,6 @@ import re
 COLORS = "RGBYOP"
 COLOR_NAMES = {"R": "red", "G": "green", "B": "blue", "Y": "yellow", "O": "orange", "P": "purple"}
 ORDINALS = ["first", "second", "third", "fourth", "fifth"]
-PARAMS = {
-    "length": {"type": "int", "min": 1, "max": 5, "default": 4, "description": "pegs in the code"},
-    "colors": {"type": "int", "min": 2, "max": 6, "default": 6,
-               "description": "colors in play (the first ones of R G B Y O P)"},
-    "guesses": {"type": "int", "min": 1, "max": 10, "default": 10,
-                "description": "guesses allowed"},
-    "opening": {"type": "bool", "default": True,
-                "description": "a free opening guess and its score are shown at the start"},
-}
 
 
 def _resolve(specs, given):
@@ -65,7 +56,16 @@ class Environment:
     max_turns = 10
     tools = []
 
-    params = PARAMS
+    params = {
+        "length": {"type": "int", "min": 1, "max": 5, "default": 4,
+                   "description": "pegs in the code"},
+        "colors": {"type": "int", "min": 2, "max": 6, "default": 6,
+                   "description": "colors in play (the first ones of R G B Y O P)"},
+        "guesses": {"type": "int", "min": 1, "max": 10, "default": 10,
+                    "description": "guesses allowed"},
+        "opening": {"type": "bool", "default": True,
+                    "description": "a free opening guess and its score are shown at the start"},
+    }
 
     _done = True
     _turns = 0

@@ -9,15 +9,6 @@ MODULI = [3, 4, 5, 7, 8, 9, 11, 13]
 # Answers the validator's constant probes would hit: 42, and the 9 its random text ends in.
 SHUNNED = (9, 42)
 GROUPS = ["pirates", "sailors", "knights", "merchants", "monks", "thieves", "dwarves"]
-PARAMS = {
-    "facts": {"type": "int", "min": 1, "max": 3, "default": 3,
-              "description": "remainder facts (group sizes), pairwise coprime"},
-    "moduli_max": {"type": "int", "min": 5, "max": 13, "default": 13,
-                   "description": "largest group size"},
-    "bound_max": {"type": "int", "min": 20, "max": 5000, "default": 5000,
-                  "description": "largest lower bound on the total (bounds run from "
-                                 "bound_max/25)"},
-}
 
 
 def _resolve(specs, given):
@@ -57,7 +48,15 @@ class Environment:
     max_turns = 1
     tools = []
 
-    params = PARAMS
+    params = {
+        "facts": {"type": "int", "min": 1, "max": 3, "default": 3,
+                  "description": "remainder facts (group sizes), pairwise coprime"},
+        "moduli_max": {"type": "int", "min": 5, "max": 13, "default": 13,
+                       "description": "largest group size"},
+        "bound_max": {"type": "int", "min": 20, "max": 5000, "default": 5000,
+                      "description": "largest lower bound on the total (bounds run from "
+                                     "bound_max/25)"},
+    }
 
     _done = True
     _turns = 0

@@ -3,14 +3,6 @@
 import random
 import re
 
-PARAMS = {
-    "span_max": {"type": "int", "min": 5, "max": 2000, "default": 2000,
-                 "description": "largest distance between the range's ends (spans run from "
-                                "3/10 of it)"},
-    "guesses": {"type": "int", "min": 1, "max": 12, "default": 12,
-                "description": "guesses allowed"},
-}
-
 
 def _resolve(specs, given):
     """The knob values of one episode: the given ones, the defaults for the rest, in range."""
@@ -49,7 +41,13 @@ class Environment:
     max_turns = 12
     tools = []
 
-    params = PARAMS
+    params = {
+        "span_max": {"type": "int", "min": 5, "max": 2000, "default": 2000,
+                     "description": "largest distance between the range's ends (spans run from "
+                                    "3/10 of it)"},
+        "guesses": {"type": "int", "min": 1, "max": 12, "default": 12,
+                    "description": "guesses allowed"},
+    }
 
     _done = True
     _turns = 0

@@ -4,15 +4,6 @@ import json
 import random
 import re
 
-PARAMS = {
-    "hops": {"type": "int", "min": 1, "max": 4, "default": 2,
-             "description": "lookups needed: 1 asks about the named person, each more follows "
-                            "one manager link"},
-    "fields": {"type": "int", "min": 1, "max": 4, "default": 3,
-               "description": "number fields per record (all but the asked one are distractors)"},
-    "show_call": {"type": "bool", "default": False,
-                  "description": "the task spells out the first tool call in full"},
-}
 TOOLS = [
     {"type": "function", "function": {
         "name": "lookup", "description": "Return the directory record of one person by full name.",
@@ -91,7 +82,16 @@ class Environment:
     )
     max_turns = 8
     tools = TOOLS
-    params = PARAMS
+    params = {
+        "hops": {"type": "int", "min": 1, "max": 4, "default": 2,
+                 "description": "lookups needed: 1 asks about the named person, each more follows "
+                                "one manager link"},
+        "fields": {"type": "int", "min": 1, "max": 4, "default": 3,
+                   "description": "number fields per record (all but the asked one are "
+                                  "distractors)"},
+        "show_call": {"type": "bool", "default": False,
+                      "description": "the task spells out the first tool call in full"},
+    }
 
     _done = True
     _turns = 0

@@ -4,15 +4,6 @@ import itertools
 import random
 import re
 
-PARAMS = {
-    "runs_max": {"type": "int", "min": 1, "max": 10, "default": 10,
-                 "description": "most runs in the string (at least runs_max - 4)"},
-    "run_max": {"type": "int", "min": 2, "max": 14, "default": 14,
-                "description": "longest run (from 10 up, one run has two digits)"},
-    "mode": {"type": "choice", "choices": ["decode", "encode", "both"], "default": "both",
-             "description": "the direction asked"},
-}
-
 
 def _resolve(specs, given):
     """The knob values of one episode: the given ones, the defaults for the rest, in range."""
@@ -49,7 +40,14 @@ class Environment:
     max_turns = 1
     tools = []
 
-    params = PARAMS
+    params = {
+        "runs_max": {"type": "int", "min": 1, "max": 10, "default": 10,
+                     "description": "most runs in the string (at least runs_max - 4)"},
+        "run_max": {"type": "int", "min": 2, "max": 14, "default": 14,
+                    "description": "longest run (from 10 up, one run has two digits)"},
+        "mode": {"type": "choice", "choices": ["decode", "encode", "both"], "default": "both",
+                 "description": "the direction asked"},
+    }
 
     _done = True
     _turns = 0

@@ -9,13 +9,6 @@ KINDS = ["left_of", "imm_left", "adjacent", "not_adjacent", "one_between", "end"
          "not_seat", "left_of", "adjacent", "not_seat", "seat"]
 DIRECT = ["seat", "not_seat", "end", "not_end", "not_seat", "seat"]
 COUNTS = ["no", "one", "Two", "Three", "Four", "Five", "Six"]
-PARAMS = {
-    "people": {"type": "int", "min": 2, "max": 6, "default": 5,
-               "description": "people and seats"},
-    "relations": {"type": "bool", "default": True,
-                  "description": "clues may relate two people (left of, next to, ...); off: "
-                                 "only clues about one person's seat"},
-}
 
 
 def _resolve(specs, given):
@@ -91,7 +84,13 @@ class Environment:
     max_turns = 1
     tools = []
 
-    params = PARAMS
+    params = {
+        "people": {"type": "int", "min": 2, "max": 6, "default": 5,
+                   "description": "people and seats"},
+        "relations": {"type": "bool", "default": True,
+                      "description": "clues may relate two people (left of, next to, ...); off: "
+                                     "only clues about one person's seat"},
+    }
 
     _done = True
     _turns = 0

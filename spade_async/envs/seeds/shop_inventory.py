@@ -6,16 +6,6 @@ import random
 CATEGORIES = ["headphones", "chargers", "cables", "keyboards", "lamps"]
 BRANDS = ["Acme", "Borealis", "Cobalt", "Dynamo", "Everest", "Flux", "Granite", "Helix", "Ion",
           "Juniper", "Krypton", "Lumen"]
-PARAMS = {
-    "products": {"type": "int", "min": 1, "max": 4, "default": 4,
-                 "description": "products per category"},
-    "trap": {"type": "bool", "default": True,
-             "description": "the cheapest product of the category fails the rating or the stock"},
-    "leftover": {"type": "int", "min": 0, "max": 2, "default": 2,
-                 "description": "most unwanted items already in the cart (at least one unless 0)"},
-    "qty_max": {"type": "int", "min": 1, "max": 5, "default": 5,
-                "description": "largest quantity asked (from 2 up, or exactly 1)"},
-}
 TOOLS = [
     {"type": "function", "function": {
         "name": "list_products",
@@ -95,7 +85,18 @@ class Environment:
     max_turns = 10
     tools = TOOLS
 
-    params = PARAMS
+    params = {
+        "products": {"type": "int", "min": 1, "max": 4, "default": 4,
+                     "description": "products per category"},
+        "trap": {"type": "bool", "default": True,
+                 "description": "the cheapest product of the category fails the rating or the "
+                                "stock"},
+        "leftover": {"type": "int", "min": 0, "max": 2, "default": 2,
+                     "description": "most unwanted items already in the cart (at least one "
+                                    "unless 0)"},
+        "qty_max": {"type": "int", "min": 1, "max": 5, "default": 5,
+                    "description": "largest quantity asked (from 2 up, or exactly 1)"},
+    }
 
     _done = True
     _turns = 0

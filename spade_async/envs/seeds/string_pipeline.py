@@ -9,16 +9,6 @@ KINDS = {
     "basic": ["reverse", "double", "drop_first", "append"],
     "all": ["reverse", "shift", "rotate", "swap_pairs", "vowel_next", "drop_third", "interleave"],
 }
-PARAMS = {
-    "ops": {"type": "int", "min": 1, "max": 6, "default": 4,
-            "description": "operations to apply in order"},
-    "word_len": {"type": "int", "min": 3, "max": 12, "default": 12,
-                 "description": "longest start word (at least word_len - 3 letters)"},
-    "op_set": {"type": "choice", "choices": ["basic", "all"], "default": "all",
-               "description": "basic: reverse, write twice, drop the first letter, add a letter; "
-                              "all: reverse, Caesar shift, rotate, swap pairs, next vowel, drop "
-                              "every third, interleave halves"},
-}
 
 
 def _resolve(specs, given):
@@ -113,7 +103,16 @@ class Environment:
     max_turns = 1
     tools = []
 
-    params = PARAMS
+    params = {
+        "ops": {"type": "int", "min": 1, "max": 6, "default": 4,
+                "description": "operations to apply in order"},
+        "word_len": {"type": "int", "min": 3, "max": 12, "default": 12,
+                     "description": "longest start word (at least word_len - 3 letters)"},
+        "op_set": {"type": "choice", "choices": ["basic", "all"], "default": "all",
+                   "description": "basic: reverse, write twice, drop the first letter, add a "
+                                  "letter; all: reverse, Caesar shift, rotate, swap pairs, next "
+                                  "vowel, drop every third, interleave halves"},
+    }
 
     _done = True
     _turns = 0

@@ -7,18 +7,6 @@ FIRST = "Ada Bo Cy Dee Eli Fay Gus Hal Ivy Jo Kim Lu Max Ned Oz Pam Rae Sol Tess
 LAST = "Park Stone Reyes Okafor Novak Lind Mori Haas Diaz Berg".split()
 DEPTS = "Sales Research Support Finance Legal Design Ops".split()
 OPS = ["=", "!=", "<", "<=", ">", ">="]
-PARAMS = {
-    "employees": {"type": "int", "min": 3, "max": 18, "default": 18,
-                  "description": "employee rows (up to 6 in the asked department)"},
-    "departments": {"type": "int", "min": 1, "max": 4, "default": 4,
-                    "description": "department rows"},
-    "below": {"type": "int", "min": 1, "max": 4, "default": 4,
-              "description": "most underpaid employees in the asked department (from 2 up, or "
-                             "exactly 1)"},
-    "by_id": {"type": "bool", "default": False,
-              "description": "the task names the department's id (off: its floor, to be looked "
-                             "up)"},
-}
 WHERE = {"type": "array", "description": "conditions that must all hold",
          "items": {"type": "object", "properties": {
              "column": {"type": "string"}, "op": {"type": "string", "enum": OPS},
@@ -143,7 +131,18 @@ class Environment:
     max_turns = 8
     tools = TOOLS
 
-    params = PARAMS
+    params = {
+        "employees": {"type": "int", "min": 3, "max": 18, "default": 18,
+                      "description": "employee rows (up to 6 in the asked department)"},
+        "departments": {"type": "int", "min": 1, "max": 4, "default": 4,
+                        "description": "department rows"},
+        "below": {"type": "int", "min": 1, "max": 4, "default": 4,
+                  "description": "most underpaid employees in the asked department (from 2 up, or "
+                                 "exactly 1)"},
+        "by_id": {"type": "bool", "default": False,
+                  "description": "the task names the department's id (off: its floor, to be looked "
+                                 "up)"},
+    }
 
     _done = True
     _turns = 0

@@ -8,17 +8,6 @@ CMPS = ("<", ">", "==", "!=")
 # Answers the validator's constant probes would hit: 42, and the 9 its random text ends in.
 SHUNNED = (9, 42)
 OPERATORS = {"+": ["+"], "+-": ["+", "-"], "all": ["+", "+", "-", "-", "*", "//", "%"]}
-PARAMS = {
-    "loop": {"type": "int", "min": 0, "max": 5, "default": 5,
-             "description": "most loop iterations (0: no loop, straight-line code)"},
-    "statements": {"type": "int", "min": 1, "max": 3, "default": 2,
-                   "description": "most assignments in the loop body (besides the if)"},
-    "branch": {"type": "bool", "default": True, "description": "an if/else in the body"},
-    "operators": {"type": "choice", "choices": ["+", "+-", "all"], "default": "all",
-                  "description": "arithmetic used: +; + and -; also *, //, %"},
-    "variables": {"type": "int", "min": 1, "max": 3, "default": 3,
-                  "description": "variables in the program"},
-}
 
 
 def _resolve(specs, given):
@@ -140,7 +129,17 @@ class Environment:
     max_turns = 1
     tools = []
 
-    params = PARAMS
+    params = {
+        "loop": {"type": "int", "min": 0, "max": 5, "default": 5,
+                 "description": "most loop iterations (0: no loop, straight-line code)"},
+        "statements": {"type": "int", "min": 1, "max": 3, "default": 2,
+                       "description": "most assignments in the loop body (besides the if)"},
+        "branch": {"type": "bool", "default": True, "description": "an if/else in the body"},
+        "operators": {"type": "choice", "choices": ["+", "+-", "all"], "default": "all",
+                      "description": "arithmetic used: +; + and -; also *, //, %"},
+        "variables": {"type": "int", "min": 1, "max": 3, "default": 3,
+                      "description": "variables in the program"},
+    }
 
     _done = True
     _turns = 0

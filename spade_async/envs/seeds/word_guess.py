@@ -11,11 +11,6 @@ WORDS = (
     "hinge index jolly kiosk lemon moist niche olive pearl quart raven scalp tiger usher vocal "
     "wrist xenon yield zesty badge cloak"
 ).split()
-PARAMS = {
-    "words": {"type": "int", "min": 2, "max": 50, "default": 50,
-              "description": "words in the shown list (the secret is one of them)"},
-    "guesses": {"type": "int", "min": 1, "max": 6, "default": 6, "description": "guesses allowed"},
-}
 
 
 def _resolve(specs, given):
@@ -65,7 +60,12 @@ class Environment:
     max_turns = 6
     tools = []
 
-    params = PARAMS
+    params = {
+        "words": {"type": "int", "min": 2, "max": 50, "default": 50,
+                  "description": "words in the shown list (the secret is one of them)"},
+        "guesses": {"type": "int", "min": 1, "max": 6, "default": 6,
+                    "description": "guesses allowed"},
+    }
 
     _done = True
     _turns = 0
