@@ -43,7 +43,8 @@ from spade_async.testing.scripted import ENV_CODE
 
 SEEDS_DIR = Path(__file__).resolve().parents[1] / "spade_async" / "envs" / "seeds"
 SEED_FILES = sorted(p for p in SEEDS_DIR.glob("*.py") if p.name != "__init__.py")
-CFG = SandboxConfig(slots=2, warm_workers=2, call_timeout_s=5.0)
+# Generous deadlines: a loaded host starts workers slowly, and no check here is about speed.
+CFG = SandboxConfig(slots=2, warm_workers=2, call_timeout_s=10.0, start_timeout_s=30.0)
 VCFG = ValidationConfig()
 KNOB_NAME = re.compile(r"[a-z_][a-z0-9_]*")
 
