@@ -129,6 +129,11 @@ async def test_seed_point_validates_and_its_hint_does_not_answer(sandbox, path, 
         for seed in VCFG.seeds:
             await env.reset(seed)
             hint = await env.hint()
+            # the final action, or its answer part, never stands in the hint as a whole token
+            final = (await env.solution())[-1]
+            for text in {final, final.split(": ")[-1]}:
+                told = re.search(r"(?<![\w-])" + re.escape(text) + r"(?!\w)", hint)
+                assert told is None or len(text) < 2, (seed, hint, final)
             for action in _hint_actions(hint):
                 score = await _play(env, seed, action, env.meta.max_turns)
                 assert score < VCFG.exploit_threshold, (seed, hint, action, score)
