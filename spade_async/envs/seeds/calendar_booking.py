@@ -49,6 +49,11 @@ def _resolve(specs, given):
     return out
 
 
+def _template(tool, **placeholders):
+    """A call's JSON form with <placeholders> for its arguments, as a task may show it."""
+    return json.dumps({"tool": tool, "arguments": {k: f"<{v}>" for k, v in placeholders.items()}})
+
+
 def _call(tool, **arguments):
     return json.dumps({"tool": tool, "arguments": arguments})
 
@@ -119,6 +124,9 @@ class Environment:
         "submit": {"type": "bool", "default": True,
                    "description": "finish with submit (off: the first successful booking is "
                                   "checked at once and ends the episode)"},
+        "show_format": {"type": "bool", "default": False,
+                        "description": "the task shows the JSON form of each call it needs, "
+                                       "with <placeholders> to fill in"},
     }
 
     _done = True
@@ -170,6 +178,12 @@ class Environment:
         if not self._need_submit:
             obs += " Your first successful booking is checked at once and ends the episode."
         obs += " Reply with one JSON tool call per turn."
+        if knobs["show_format"]:
+            calls = ([_template("list_slots", day="day"), _template("cancel", booking_id="id")]
+                     if knobs["move"] else [])
+            calls.append(_template("book", day="day", time="HH:00", title="title"))
+            calls += [_call("submit")] if self._need_submit else []
+            obs += " The calls you need look like: " + " ".join(calls)
         return obs, {"title": self._title, "from": src if knobs["move"] else None, "to": dst,
                      "after": f"{after}:00", "knobs": knobs}
 

@@ -47,6 +47,11 @@ def _resolve(specs, given):
     return out
 
 
+def _template(tool, **placeholders):
+    """A call's JSON form with <placeholders> for its arguments, as a task may show it."""
+    return json.dumps({"tool": tool, "arguments": {k: f"<{v}>" for k, v in placeholders.items()}})
+
+
 def _call(tool, **arguments):
     return json.dumps({"tool": tool, "arguments": arguments})
 
@@ -117,6 +122,9 @@ class Environment:
                   "description": "the report's directory must be created (off: it exists)"},
         "paths_given": {"type": "bool", "default": False,
                         "description": "the task lists the log files' paths"},
+        "show_format": {"type": "bool", "default": False,
+                        "description": "the task shows the JSON form of each call it needs, "
+                                       "with <placeholders> to fill in"},
     }
 
     _done = True
@@ -168,6 +176,12 @@ class Environment:
                    f"A file system with /data, /home and {self._dir} is mounted.")
         obs = (f"Task: sum the '{metric}=' values of {where} and write the total to "
                f"{self._report}. {mounted} Reply with one JSON tool call per turn.")
+        if knobs["show_format"]:
+            calls = [] if knobs["paths_given"] else [_template("ls", path="directory")]
+            calls.append(_template("cat", path="file"))
+            calls += [_template("mkdir", path="directory")] if knobs["mkdir"] else []
+            calls += [_template("write", path="file", content="text"), _call("submit")]
+            obs += " The calls you need look like: " + " ".join(calls)
         return obs, {"metric": metric, "report": self._report, "knobs": knobs}
 
     def step(self, action):

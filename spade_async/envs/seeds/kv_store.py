@@ -47,6 +47,11 @@ def _resolve(specs, given):
     return out
 
 
+def _template(tool, **placeholders):
+    """A call's JSON form with <placeholders> for its arguments, as a task may show it."""
+    return json.dumps({"tool": tool, "arguments": {k: f"<{v}>" for k, v in placeholders.items()}})
+
+
 def _call(tool, **arguments):
     return json.dumps({"tool": tool, "arguments": arguments})
 
@@ -97,6 +102,9 @@ class Environment:
         "submit": {"type": "bool", "default": True,
                    "description": "finish with submit (off: the first set of the result key ends "
                                   "the episode and is checked)"},
+        "show_format": {"type": "bool", "default": False,
+                        "description": "the task shows the JSON form of each call it needs, "
+                                       "with <placeholders> to fill in"},
     }
 
     _done = True
@@ -153,6 +161,11 @@ class Environment:
         if not self._need_submit:
             obs += " Setting the result key ends the episode and checks the store at once."
         obs += " Reply with one JSON tool call per turn."
+        if knobs["show_format"]:
+            calls = [_template("get", key="key"), _template("set", key="key", value="value")]
+            calls += [_template("delete", key="key")] if self._tmp else []
+            calls += [_call("submit")] if self._need_submit else []
+            obs += " The calls you need look like: " + " ".join(calls)
         return obs, {"keys": len(self._store), "start_key": self._entry,
                      "result_key": self._result, "junk_prefix": self._junk, "knobs": knobs}
 

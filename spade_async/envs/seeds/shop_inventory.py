@@ -48,6 +48,11 @@ def _resolve(specs, given):
     return out
 
 
+def _template(tool, **placeholders):
+    """A call's JSON form with <placeholders> for its arguments, as a task may show it."""
+    return json.dumps({"tool": tool, "arguments": {k: f"<{v}>" for k, v in placeholders.items()}})
+
+
 def _call(tool, **arguments):
     return json.dumps({"tool": tool, "arguments": arguments})
 
@@ -96,6 +101,9 @@ class Environment:
                                     "unless 0)"},
         "qty_max": {"type": "int", "min": 1, "max": 5, "default": 5,
                     "description": "largest quantity asked (from 2 up, or exactly 1)"},
+        "show_format": {"type": "bool", "default": False,
+                        "description": "the task shows the JSON form of each call it needs, "
+                                       "with <placeholders> to fill in"},
     }
 
     _done = True
@@ -148,6 +156,14 @@ class Environment:
         obs = (f"Task: buy exactly {self._qty} {units} of the cheapest {self._category[:-1]} "
                f"(category '{self._category}') rated at least {self._min_rating} that has enough "
                "stock, and nothing else. Reply with one JSON tool call per turn.")
+        if knobs["show_format"]:
+            calls = [_call("view_cart")] if self._leftover else []
+            calls += [_template("remove_from_cart", product_id="id")] if self._leftover else []
+            calls += [_call("list_products", category=self._category),
+                      '{"tool": "add_to_cart", "arguments": {"product_id": "<id>", '
+                      '"quantity": <number>}}',
+                      _call("checkout")]
+            obs += " The calls you need look like: " + " ".join(calls)
         return obs, {"category": self._category, "quantity": self._qty,
                      "min_rating": self._min_rating, "knobs": knobs}
 

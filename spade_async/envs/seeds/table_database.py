@@ -142,6 +142,9 @@ class Environment:
         "by_id": {"type": "bool", "default": False,
                   "description": "the task names the department's id (off: its floor, to be looked "
                                  "up)"},
+        "show_format": {"type": "bool", "default": False,
+                        "description": "the task shows the JSON form of each call it needs, "
+                                       "with <placeholders> to fill in"},
     }
 
     _done = True
@@ -188,6 +191,14 @@ class Environment:
         obs = (f"Task: employees of {which} earning less than {self._minimum} must be raised to "
                f"exactly {self._minimum}. Then submit the number of employees changed. Reply "
                "with one JSON tool call per turn.")
+        if knobs["show_format"]:
+            where = '[{"column": "<column>", "op": "<op>", "value": <value>}, ...]'
+            calls = [] if self._by_id else [
+                '{"tool": "query", "arguments": {"table": "<table>", "where": ' + where + '}}']
+            calls += ['{"tool": "update", "arguments": {"table": "employees", "where": ' + where
+                      + ', "set": {"salary": <value>}}}',
+                      '{"tool": "submit", "arguments": {"count": <number>}}']
+            obs += " The calls you need look like: " + " ".join(calls)
         return obs, {"floor": self._floor, "minimum": self._minimum, "knobs": knobs}
 
     def step(self, action):
