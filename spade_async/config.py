@@ -199,7 +199,7 @@ class DaemonConfig(_Strict):
     mode: Literal["spade", "fixed"] = Field(
         "spade", description="spade: the designer writes environments from the corpus. fixed: "
         "the fixed-environment baseline: no designer and no corpus; the agent plays the "
-        "environments the memory holds when the run starts (with bootstrap_seeds, the 16 seeds), "
+        "environments the memory holds when the run starts (with bootstrap_seeds, the 18 seeds), "
         "in a shuffled round robin, through the same episodes, regret, batches and trainer")
     designs_per_document: int = Field(4, ge=1, description="G: designs drawn per document")
     designer_max_tokens: int = Field(1536, ge=64, description="completion budget of one design")

@@ -40,7 +40,7 @@ from spade_async.edit import VariantView, candidate_params, easiest_params, prop
 from spade_async.endpoints.pool import EndpointError, EndpointPool
 from spade_async.envs.contract import ContractError, EnvMeta, resolve_params
 from spade_async.envs.validate import ValidationReport, validate
-from spade_async.episode import Episode, run_episode
+from spade_async.episode import Episode, play_in_sandbox
 from spade_async.failures import Failures, GaveUp, failure_kind
 from spade_async.logs import get_logger
 from spade_async.metrics import Metrics
@@ -867,15 +867,10 @@ class Daemon:
                             version: int) -> Episode:
         self.in_flight["episodes"] += 1
         try:
-            async with self.sandbox.open(job.code) as env:
-                hint = None
-                if hinted:
-                    await env.reset(seed, job.params)
-                    hint = await env.hint()
-                return await run_episode(env, self.pool, self.chat, env_id=job.env_id,
-                                         seed=seed, hint=hint, model=model,
-                                         policy_version=version, cfg=self.cfg.rollout,
-                                         params=job.params)
+            return await play_in_sandbox(self.sandbox, job.code, self.pool, self.chat,
+                                         env_id=job.env_id, seed=seed, hinted=hinted,
+                                         model=model, policy_version=version,
+                                         cfg=self.cfg.rollout, params=job.params)
         except (SandboxError, EndpointError) as exc:
             return Episode(f"ep-{uuid.uuid4().hex[:12]}", job.env_id, seed, hinted, version,
                            model, error=f"{type(exc).__name__}: {exc}",

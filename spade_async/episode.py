@@ -21,7 +21,7 @@ from spade_async.config import RolloutConfig
 from spade_async.endpoints.pool import EndpointError, EndpointPool
 from spade_async.envs.contract import EnvMeta, episode_score, parse_tool_call, tool_call_action
 from spade_async.logs import get_logger
-from spade_async.sandbox.runtime import EnvSession, SandboxError
+from spade_async.sandbox.runtime import EnvSession, Sandbox, SandboxError
 
 log = get_logger("episode")
 
@@ -186,3 +186,31 @@ async def run_episode(
     log.debug("episode_done", env_id=env_id, episode_id=ep.episode_id, hinted=ep.hinted,
               score=ep.score, turns=len(ep.turns), error=ep.error)
     return ep
+
+
+async def play_in_sandbox(
+    sandbox: Sandbox,
+    code: str,
+    pool: EndpointPool,
+    chat: ChatTokens,
+    *,
+    env_id: str,
+    seed: int,
+    hinted: bool,
+    model: str,
+    policy_version: int,
+    cfg: RolloutConfig,
+    params: dict[str, Any] | None = None,
+) -> Episode:
+    """One episode of `code` (at `params`, a variant's knobs) in a fresh sandbox worker. A
+    hinted episode reads this seed's hint first and plays with it in the system prompt
+    (DESIGN §6). Sandbox and endpoint errors propagate: the caller decides whether they are
+    retried or counted."""
+    async with sandbox.open(code) as env:
+        hint = None
+        if hinted:
+            await env.reset(seed, params)
+            hint = await env.hint()
+        return await run_episode(env, pool, chat, env_id=env_id, seed=seed, hint=hint,
+                                 model=model, policy_version=policy_version, cfg=cfg,
+                                 params=params)
