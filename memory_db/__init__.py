@@ -17,9 +17,10 @@ _EXPORTS = {
     "make_embedder": "memory_db.embed",
     "EnvRecord": "memory_db.records", "EnvStats": "memory_db.records", "Hit": "memory_db.records",
     "InsertResult": "memory_db.records", "NewEnv": "memory_db.records",
-    "Summary": "memory_db.records",
+    "Summary": "memory_db.records", "VariantStats": "memory_db.records",
     "SCHEMA_VERSION": "memory_db.schema", "SchemaError": "memory_db.schema",
-    "env_id": "memory_db.schema",
+    "canonical_params": "memory_db.schema", "env_id": "memory_db.schema",
+    "variant_id": "memory_db.schema",
     "EnvMemory": "memory_db.store", "open_memory": "memory_db.store",
     "MemoryClosed": "memory_db.writer",
 }

@@ -4,6 +4,9 @@ Scores are episode scores in [0, 1] (DESIGN §3). Regret of one evaluation is
 max(0, mean(hinted) - mean(unhinted)) (DESIGN §6); its exponential moving average ranks an
 environment for replay. Learnability is p(1 - p) with p the unhinted success rate, estimated by
 the mean unhinted score over all episodes so far (the solve rate when scores are 0/1).
+
+Statistics are kept per variant (an environment at given params); an environment's own
+statistics are the aggregate of its variants (`aggregate_stats`).
 """
 
 from __future__ import annotations
@@ -71,7 +74,76 @@ class EnvStats:
 
 
 @dataclass(frozen=True)
+class VariantStats:
+    """One variant: environment `env_id` played with `params`, and its own statistics (whose
+    `id` is the variant id). What the designer's edit move shows the model, and what replay
+    draws."""
+
+    env_id: str
+    params: dict[str, Any]
+    stats: EnvStats
+
+    @property
+    def id(self) -> str:
+        return self.stats.id
+
+    @property
+    def episodes(self) -> int:
+        return self.stats.episodes_unhinted + self.stats.episodes_hinted
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "env_id": self.env_id, "params": self.params,
+                "stats": self.stats.as_dict()}
+
+
+def _weighted(values: Sequence[tuple[float | None, int]]) -> float | None:
+    pairs = [(v, n) for v, n in values if v is not None and n > 0]
+    total = sum(n for _, n in pairs)
+    return sum(v * n for v, n in pairs) / total if total else None
+
+
+def aggregate_stats(env_id: str, variants: Sequence[EnvStats]) -> EnvStats:
+    """An environment's statistics over all its variants, so readers that predate variants
+    (list by regret, summary, the report) keep their meaning: the environment as played.
+
+    Episode counts and times replayed are summed. mean_hinted / mean_unhinted are the means over
+    all the episodes (each variant's mean weighted by its hinted / unhinted episodes), and
+    learnability is p(1 - p) of that pooled unhinted mean, as for one variant. regret_ema is
+    the mean of the variants' EMAs weighted by their episodes (hinted + unhinted); regret_last,
+    last_played and last_tick come from the most recently played variant (the latest visit).
+    A single variant is returned as it is (under the environment's id), so an environment
+    played only at its defaults reads exactly as before."""
+    if not variants:
+        return EnvStats(id=env_id)
+    if len(variants) == 1:
+        return replace(variants[0], id=env_id)
+    eps_u = sum(v.episodes_unhinted for v in variants)
+    eps_h = sum(v.episodes_hinted for v in variants)
+    mean_u = _weighted([(v.mean_unhinted, v.episodes_unhinted) for v in variants])
+    played = [v for v in variants if v.last_played is not None]
+    latest = max(played, key=lambda v: v.last_played) if played else None
+    updated = [v.updated_at for v in variants if v.updated_at is not None]
+    ticks = [v.last_tick for v in variants if v.last_tick is not None]
+    return EnvStats(
+        id=env_id, episodes_hinted=eps_h, episodes_unhinted=eps_u,
+        mean_hinted=_weighted([(v.mean_hinted, v.episodes_hinted) for v in variants]),
+        mean_unhinted=mean_u,
+        regret_last=latest.regret_last if latest else None,
+        regret_ema=_weighted([(v.regret_ema, v.episodes_unhinted + v.episodes_hinted)
+                              for v in variants]),
+        learnability=None if mean_u is None else mean_u * (1.0 - mean_u),
+        times_replayed=sum(v.times_replayed for v in variants),
+        last_played=latest.last_played if latest else None,
+        last_tick=max(ticks) if ticks else None,
+        updated_at=max(updated) if updated else None,
+    )
+
+
+@dataclass(frozen=True)
 class EnvRecord:
+    """An environment (the family) with its statistics aggregated over its variants
+    (`aggregate_stats`); `EnvMemory.variants` has them one by one."""
+
     id: str
     name: str
     description: str
@@ -161,7 +233,8 @@ class Summary:
 
     counts: dict[str, int] = field(default_factory=dict)
     reasons: dict[str, int] = field(default_factory=dict)
-    played: int = 0
+    played: int = 0     # accepted environments with episodes
+    variants: int = 0   # variant rows (played environment x params) of every environment
     regret: dict[str, Any] = field(default_factory=dict)
     solve_rate: dict[str, Any] = field(default_factory=dict)
     diversity: dict[str, Any] = field(default_factory=dict)

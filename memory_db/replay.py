@@ -1,16 +1,21 @@
-"""Prioritized level replay (Jiang, Grefenstette & Rocktäschel, 2021) over stored environments.
+"""Prioritized level replay (Jiang, Grefenstette & Rocktäschel, 2021) over stored variants.
+
+A level is a variant (an environment at given params): each has its own score and staleness,
+so an environment whose hard variant has high regret is replayed at that variant.
 
     P_replay(i) = (1 - rho) * P_S(i) + rho * P_C(i)
     P_S(i) = h(S_i)^(1/beta) / sum_j h(S_j)^(1/beta),  h(S_i) = 1 / rank(S_i)   (rank 1 = best)
     P_C(i) = (c - C_i) / sum_j (c - C_j)
 
 S_i is the environment's score (regret EMA, or learnability p(1-p)); c is the replay clock (one
-tick per visit), C_i the clock at environment i's last visit. Tied scores share their average
+tick per visit), C_i the clock at variant i's last visit. Tied scores share their average
 rank, so equally scored environments are equally likely. The clock and every C_i live in the
 database (meta and env_stats), so a restarted daemon continues the same distribution.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -45,10 +50,13 @@ def replay_distribution(scores: np.ndarray, last_ticks: np.ndarray, clock: int,
     return (1.0 - cfg.rho) * p_score + cfg.rho * p_stale
 
 
-def replay_pool(stats: dict[str, EnvStats], accepted: set[str]) -> list[EnvStats]:
-    """Environments replay draws from: accepted ones that have been played (PLR replays only
-    levels it has seen), in id order so a draw is reproducible."""
-    return [s for i, s in sorted(stats.items()) if i in accepted and s.episodes_unhinted > 0]
+def replay_pool(stats: Mapping[str, EnvStats], accepted: set[str],
+                family: Mapping[str, str]) -> list[EnvStats]:
+    """Variants replay draws from: played ones (PLR replays only levels it has seen) of accepted
+    environments, in variant-id order so a draw is reproducible. `family` maps a variant id to
+    its environment's id."""
+    return [s for i, s in sorted(stats.items())
+            if family.get(i, i) in accepted and s.episodes_unhinted > 0]
 
 
 def pool_distribution(pool: list[EnvStats], clock: int, cfg: ReplayConfig) -> np.ndarray:

@@ -3,9 +3,11 @@
 Three tables live under one LanceDB URI:
 - `envs`: one row per environment ever proposed, written once (code and embedding are never
   rewritten);
-- `env_stats`: running episode statistics and replay state, keyed by env id, upserted with
-  `merge_insert` (LanceDB's merge_insert replaces whole matched rows, so keeping these small
-  rows apart is what keeps stats updates from rewriting the code column);
+- `env_stats`: running episode statistics and replay state of each *variant*, keyed by variant
+  id, upserted with `merge_insert` (LanceDB's merge_insert replaces whole matched rows, so
+  keeping these small rows apart is what keeps stats updates from rewriting the code column).
+  A variant is an environment played at given difficulty knobs (`params`, DESIGN §12): the
+  row names its environment (`env_id`, the family) and its params as canonical JSON;
 - `meta`: key -> JSON value: schema version, embedding model and dimension, replay tick, index
   training history.
 
@@ -27,7 +29,7 @@ import pyarrow as pa
 from lancedb import AsyncConnection
 from lancedb.table import AsyncTable
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # v2: env_stats rows are variants (env_id, params)
 ENVS, STATS, META = "envs", "env_stats", "meta"
 ID_HEX_CHARS = 16  # 64 bits of sha256: a collision needs ~4e9 environments
 
@@ -56,7 +58,9 @@ def envs_schema(dim: int) -> pa.Schema:
 
 
 STATS_SCHEMA = pa.schema([
-    pa.field("id", pa.string(), nullable=False),
+    pa.field("id", pa.string(), nullable=False),       # variant id (`variant_id`)
+    pa.field("env_id", pa.string(), nullable=False),   # the environment (family) it varies
+    pa.field("params", pa.string(), nullable=False),   # `canonical_params`; "{}" = the default
     pa.field("episodes_hinted", pa.int64()),
     pa.field("episodes_unhinted", pa.int64()),
     pa.field("mean_hinted", pa.float64()),
@@ -80,6 +84,24 @@ def env_id(code: str) -> str:
     """Content hash of the code, insensitive to line endings and trailing whitespace."""
     norm = "\n".join(line.rstrip() for line in code.replace("\r\n", "\n").strip().split("\n"))
     return hashlib.sha256(norm.encode()).hexdigest()[:ID_HEX_CHARS]
+
+
+def canonical_params(params: dict[str, Any] | None) -> str:
+    """One spelling per params dict (keys sorted, no spaces): what is stored and hashed, so
+    equal params always name the same variant. TypeError when a value is not JSON."""
+    return json.dumps(params or {}, sort_keys=True, separators=(",", ":"))
+
+
+def variant_id(env_id: str, params: dict[str, Any] | None) -> str:
+    """The stats key of `env_id` played with `params`. No params: the environment's own id, so
+    every row written before variants existed (and every caller that passes none) keeps its key.
+    The daemon passes resolved params (every knob, defaults filled in), so one variant has one
+    id; the hash cannot know a knob's default, so {"n": 3} and {} are two ids even when 3 is
+    n's default, which is why callers must not mix resolved and unresolved params."""
+    if not params:
+        return env_id
+    digest = hashlib.sha256(canonical_params(params).encode()).hexdigest()[:8]
+    return f"{env_id}.{digest}"
 
 
 def sql_str(value: str) -> str:
@@ -116,7 +138,21 @@ async def write_meta(meta: AsyncTable, values: dict[str, Any]) -> None:
 
 # version n -> n+1, applied in order by the writer (readers refuse an old layout instead).
 Migration = Callable[[AsyncConnection, dict[str, Any]], Awaitable[None]]
-MIGRATIONS: dict[int, Migration] = {}
+
+
+async def _v1_to_v2(db: AsyncConnection, info: dict[str, Any]) -> None:
+    """env_stats rows become variants: every v1 row is its environment's default variant
+    (env_id = id, params "{}"). One `add_columns` commit, so a crash leaves v1 or v2 whole;
+    a crash between it and the version bump is caught by the column check on the retry."""
+    stats = await db.open_table(STATS)
+    have = set((await stats.schema()).names)
+    missing = {name: expr for name, expr in (("env_id", "id"), ("params", "'{}'"))
+               if name not in have}
+    if missing:
+        await stats.add_columns(missing)
+
+
+MIGRATIONS: dict[int, Migration] = {1: _v1_to_v2}
 
 
 async def _table_names(db: AsyncConnection) -> set[str]:

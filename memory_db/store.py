@@ -4,8 +4,13 @@ daemon writes); writes go through the one `Writer` task of the process that open
     async with open_memory(cfg, uri) as mem:                # writable: runs the writer
         res = await mem.insert(NewEnv(code, name, description))
         hits = await mem.search("grid navigation", k=5)     # MMR over the top fetch_k hits
-        await mem.record_episodes(res.id, hinted=[1, 1], unhinted=[0, 1])
-        env_id = await mem.next_replay(rng)                 # PLR, or None: design a new one
+        await mem.record_episodes(res.id, hinted=[1, 1], unhinted=[0, 1], params={"n": 5})
+        vid = await mem.next_replay(rng)                    # PLR, or None: design a new one
+        v = await mem.variant(vid)                          # its environment and params
+
+Statistics live per variant (an environment at given params, `variant_id`); environments
+(`get`, `list`, `search`) carry the aggregate over their variants, and `variants(env_id)` lists
+them one by one. Novelty and MMR work on environments; replay draws variants.
 
 Every await on the database has a deadline (`db_timeout_s`; writes `write_timeout_s`).
 """
@@ -37,10 +42,19 @@ from memory_db.records import (
     InsertResult,
     NewEnv,
     Summary,
+    VariantStats,
+    aggregate_stats,
 )
 from memory_db.replay import pool_distribution, replay_pool
-from memory_db.schema import Tables, open_tables, read_meta, sql_str
-from memory_db.writer import InsertPayload, MemoryClosed, Writer, refine_factor, stats_from_row
+from memory_db.schema import Tables, canonical_params, open_tables, read_meta, sql_str, variant_id
+from memory_db.writer import (
+    InsertPayload,
+    MemoryClosed,
+    RecordPayload,
+    Writer,
+    refine_factor,
+    variant_from_row,
+)
 
 RECORD_COLUMNS = ["id", "name", "description", "status", "reason", "source_doc_id",
                   "source_excerpt", "created_at", "policy_version", "tags"]
@@ -151,19 +165,27 @@ class EnvMemory:
             "insert", [InsertPayload(e, v) for e, v in zip(envs, vectors, strict=True)])
 
     async def record_episodes(self, env_id: str, *, hinted: Iterable[float] = (),
-                              unhinted: Iterable[float] = ()) -> EnvStats:
-        """One evaluation's episode scores: updates counts, means, regret EMA, learnability."""
+                              unhinted: Iterable[float] = (),
+                              params: dict[str, Any] | None = None) -> EnvStats:
+        """One evaluation's episode scores of environment `env_id` played at `params`: updates
+        that variant's counts, means, regret EMA, learnability (creating its row on first play)
+        and returns its stats (`id` is the variant id). No params: the default variant, whose id
+        is the environment's. Pass resolved params (every knob, defaults filled), or the same
+        variant ends up under two ids."""
         episodes = Episodes(tuple(float(x) for x in hinted), tuple(float(x) for x in unhinted))
-        return await self._w().submit("record", (env_id, episodes))
+        canon = canonical_params(params)  # a value that is not JSON fails here, in the caller
+        return await self._w().submit(
+            "record", RecordPayload(env_id, canon, variant_id(env_id, params), episodes))
 
     async def sample_replay(self, rng: random.Random) -> tuple[str, float] | None:
-        """Draw one played environment by P_replay and mark it visited: (id, its probability).
-        None when nothing has been played yet."""
+        """Draw one played variant by P_replay and mark it visited: (variant id, its
+        probability); `variant()` has its environment and params. None when nothing has been
+        played yet."""
         return await self._w().submit("sample", (rng.random(), 1))
 
     async def next_replay(self, rng: random.Random) -> str | None:
         """PLR's decision: with probability `replay_prob` (once `min_seen` environments were
-        played) the id of an environment to replay; otherwise None, meaning design a new one."""
+        played) the id of a variant to replay; otherwise None, meaning design a new one."""
         if rng.random() >= self.cfg.replay.replay_prob:
             return None
         drawn = await self._w().submit("sample", (rng.random(), self.cfg.replay.min_seen))
@@ -180,20 +202,52 @@ class EnvMemory:
         with anyio.fail_after(self.cfg.db_timeout_s):
             return await self.tables.envs.count_rows(_where(status))
 
-    async def _stats_for(self, ids: Sequence[str] | None = None) -> dict[str, EnvStats]:
+    async def _variant_rows(self, env_ids: Sequence[str] | None = None,
+                            where: str | None = None) -> list[VariantStats]:
+        """Variants of `env_ids` (all when None), or those matching `where`."""
         q = self.tables.stats.query()
-        if ids is not None:
-            if not ids:
-                return {}
-            q = q.where(f"id IN ({', '.join(sql_str(i) for i in ids)})")
+        if env_ids is not None:
+            if not env_ids:
+                return []
+            where = f"env_id IN ({', '.join(sql_str(i) for i in env_ids)})"
+        if where:
+            q = q.where(where)
         with anyio.fail_after(self.cfg.db_timeout_s):
             rows = (await q.to_arrow()).to_pylist()
-        return {r["id"]: stats_from_row(r) for r in rows}
+        return [variant_from_row(r) for r in rows]
+
+    async def _stats_for(self, ids: Sequence[str] | None = None) -> dict[str, EnvStats]:
+        """Each environment's statistics aggregated over its variants (`aggregate_stats`)."""
+        by_env: dict[str, list[EnvStats]] = {}
+        for v in await self._variant_rows(ids):
+            by_env.setdefault(v.env_id, []).append(v.stats)
+        for group in by_env.values():
+            group.sort(key=lambda st: st.id)  # the aggregate must not depend on scan order
+        return {env: aggregate_stats(env, group) for env, group in by_env.items()}
+
+    async def variants(self, env_id: str) -> list[VariantStats]:
+        """The variants of environment `env_id` with their own statistics, most played first
+        (episodes, then most recently played, then id). [] when it was never played (or is
+        unknown): the edit move then starts from the defaults."""
+        found = sorted(await self._variant_rows([env_id]), key=lambda v: v.id)
+        found.sort(key=lambda v: (v.episodes, v.stats.last_played.timestamp()
+                                  if v.stats.last_played else float("-inf")), reverse=True)
+        return found
+
+    async def variant(self, variant_id: str) -> VariantStats:
+        """One variant by its id (as `sample_replay` returns it). KeyError when unknown."""
+        found = await self._variant_rows(where=f"id = {sql_str(variant_id)}")
+        if not found:
+            raise KeyError(f"no variant with id {variant_id}")
+        return found[0]
 
     async def get(self, id_or_prefix: str, *, code: bool = False) -> EnvRecord:
-        """By id or unique id prefix (as `list` prints them). KeyError when none or ambiguous."""
-        key = id_or_prefix.strip().lower()
-        if not key or any(c not in "0123456789abcdef" for c in key):
+        """By id or unique id prefix (as `list` prints them), or a variant id (as replay and
+        `stats` print them: its environment). KeyError when none or ambiguous.
+        Its stats are aggregated over its variants (`records.aggregate_stats`: episodes summed,
+        means weighted by episodes); `variants()` has each one's."""
+        key, _, variant = id_or_prefix.strip().lower().partition(".")
+        if not key or any(c not in "0123456789abcdef" for c in key + variant):
             raise KeyError(f"{id_or_prefix!r} is not an environment id (hex)")
         cols = [*RECORD_COLUMNS, "code"] if code else RECORD_COLUMNS
         with anyio.fail_after(self.cfg.db_timeout_s):
@@ -274,12 +328,15 @@ class EnvMemory:
         return records if limit is None else records[:limit]
 
     async def replay_probabilities(self) -> dict[str, float]:
-        """P_replay of every environment in the replay pool, from the committed state."""
+        """P_replay of every variant in the replay pool (by variant id), from the committed
+        state."""
         with anyio.fail_after(self.cfg.db_timeout_s):
             acc = await self.tables.envs.query().where("status = 'accepted'").select(
                 ["id"]).to_arrow()
             clock = int((await read_meta(self.tables.meta)).get("replay_tick", 0))
-        pool = replay_pool(await self._stats_for(), set(acc["id"].to_pylist()))
+        variants = await self._variant_rows()
+        pool = replay_pool({v.id: v.stats for v in variants}, set(acc["id"].to_pylist()),
+                           {v.id: v.env_id for v in variants})
         if not pool:
             return {}
         ticks = [s.last_tick for s in pool if s.last_tick is not None]
@@ -289,22 +346,28 @@ class EnvMemory:
 
     async def export(self, *, code: bool = True,
                      embeddings: bool = False) -> AsyncIterator[dict[str, Any]]:
-        """Every environment (accepted and rejected) with its stats, oldest first."""
+        """Every environment (accepted and rejected) with its stats (aggregated) and its
+        variants (most played first), oldest first."""
         stats = await self._stats_for()
+        variants: dict[str, list[VariantStats]] = {}
+        for v in sorted(await self._variant_rows(), key=lambda v: (-v.episodes, v.id)):
+            variants.setdefault(v.env_id, []).append(v)
         cols = RECORD_COLUMNS + (["code"] if code else []) + (["embedding"] if embeddings else [])
         with anyio.fail_after(self.cfg.db_timeout_s):
             rows = (await self.tables.envs.query().select(cols).to_arrow()).to_pylist()
         rows.sort(key=lambda r: (r["created_at"], r["id"]))
         for r in rows:
             d = _record(r, stats.get(r["id"]), code=code).as_dict()
+            d["variants"] = [v.as_dict() for v in variants.get(r["id"], [])]
             if embeddings:
                 d["embedding"] = [round(float(x), 6) for x in r["embedding"]]
             yield d
 
     async def summary(self) -> Summary:
-        """Counts by status and rejection reason, regret and solve-rate distributions of the
-        played environments, diversity (mean pairwise cosine distance of accepted envs), the
-        replay distribution's shape, and storage health (fragments, index coverage)."""
+        """Counts by status and rejection reason, the number of variants, regret and solve-rate
+        distributions of the played environments (aggregated over variants), diversity (mean
+        pairwise cosine distance of accepted envs), the replay distribution's shape (over
+        variants), and storage health (fragments, index coverage)."""
         t, s = self.tables, Summary()
         with anyio.fail_after(self.cfg.db_timeout_s):
             meta = (await t.envs.query().select(["id", "status", "reason"]).to_arrow()).to_pylist()
@@ -313,6 +376,8 @@ class EnvMemory:
         s.reasons = dict(Counter((r["reason"] or "").split(":", 1)[0] or "?" for r in meta
                                  if r["status"] == "rejected").most_common())
         accepted = {r["id"] for r in meta if r["status"] == "accepted"}
+        with anyio.fail_after(self.cfg.db_timeout_s):
+            s.variants = await t.stats.count_rows()
         stats = [x for i, x in (await self._stats_for()).items() if i in accepted]
         played = [x for x in stats if x.episodes_unhinted or x.episodes_hinted]
         s.played = len(played)

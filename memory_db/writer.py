@@ -8,14 +8,16 @@ operation is acknowledged only after its batch committed, so a crash (even kill 
 unacknowledged work: Lance commits a version atomically, and a half-written batch is never seen.
 
 Because all writes pass through here, the writer's in-memory view (which ids exist, their status,
-every environment's stats, the replay clock) is authoritative: the novelty filter sees every
-environment of its own batch, and replay sampling is a read-modify-write without races.
+every variant's stats and environment, the replay clock) is authoritative: the novelty filter
+sees every environment of its own batch, and replay sampling is a read-modify-write without
+races.
 Maintenance runs between batches: `optimize()` every `optimize_every_s` (compaction, pruning of
 old versions, folding new rows into the ANN index) and index (re)training when the table grew.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from dataclasses import dataclass, field, replace
@@ -30,7 +32,14 @@ from anyio.abc import TaskStatus
 from lancedb.index import Bitmap, IvfPq
 
 from memory_db.config import MemoryConfig
-from memory_db.records import EnvStats, InsertResult, NewEnv, update_stats
+from memory_db.records import (
+    EnvStats,
+    Episodes,
+    InsertResult,
+    NewEnv,
+    VariantStats,
+    update_stats,
+)
 from memory_db.replay import pool_distribution, replay_pool
 from memory_db.schema import (
     STATS_SCHEMA,
@@ -68,17 +77,40 @@ class InsertPayload:
     vector: np.ndarray
 
 
+@dataclass(frozen=True)
+class RecordPayload:
+    """Episodes of environment `env_id` played at `params` (canonical JSON), which is the
+    variant `variant_id`."""
+
+    env_id: str
+    params: str
+    variant_id: str
+    episodes: Episodes
+
+
 def refine_factor(cfg: MemoryConfig, limit: int) -> int:
     return max(1, -(-cfg.index.refine_candidates // max(1, limit)))
 
 
+VARIANT_COLUMNS = ("env_id", "params")  # the variant's identity; every other column is EnvStats
+STAT_COLUMNS = [n for n in STATS_SCHEMA.names if n not in VARIANT_COLUMNS]
+
+
 def stats_from_row(row: dict[str, Any]) -> EnvStats:
-    return EnvStats(**{k: row[k] for k in STATS_SCHEMA.names})
+    return EnvStats(**{k: row[k] for k in STAT_COLUMNS})
 
 
-def stats_table(rows: list[EnvStats]) -> pa.Table:
-    cols = {name: [getattr(s, name) for s in rows] for name in STATS_SCHEMA.names}
-    return pa.table(cols, schema=STATS_SCHEMA)
+def variant_from_row(row: dict[str, Any]) -> VariantStats:
+    return VariantStats(env_id=row["env_id"], params=json.loads(row["params"]),
+                        stats=stats_from_row(row))
+
+
+def stats_table(rows: list[EnvStats], family: dict[str, tuple[str, str]]) -> pa.Table:
+    """Rows of env_stats; `family` maps each variant id to (env_id, canonical params)."""
+    cols: dict[str, list[Any]] = {name: [getattr(s, name) for s in rows] for name in STAT_COLUMNS}
+    cols["env_id"] = [family[s.id][0] for s in rows]
+    cols["params"] = [family[s.id][1] for s in rows]
+    return pa.table({name: cols[name] for name in STATS_SCHEMA.names}, schema=STATS_SCHEMA)
 
 
 class Writer:
@@ -88,7 +120,8 @@ class Writer:
         self._closed = False
         self.finished = anyio.Event()
         self.known: dict[str, tuple[str, str]] = {}  # id -> (status, reason)
-        self.stats: dict[str, EnvStats] = {}
+        self.stats: dict[str, EnvStats] = {}  # variant id -> its stats
+        self.family: dict[str, tuple[str, str]] = {}  # variant id -> (env_id, canonical params)
         self.clock = self.clock_saved = int(tables.info.get("replay_tick", 0))
         self.index_rows = int(tables.info.get("index_trained_rows", 0))
         self.index_at = float(tables.info.get("index_trained_at", 0.0))
@@ -107,7 +140,9 @@ class Writer:
         self.known = {i: (s, r) for i, s, r in zip(rows["id"].to_pylist(),
                                                    rows["status"].to_pylist(),
                                                    rows["reason"].to_pylist(), strict=True)}
-        self.stats = {r["id"]: stats_from_row(r) for r in stats.to_pylist()}
+        stat_rows = stats.to_pylist()
+        self.stats = {r["id"]: stats_from_row(r) for r in stat_rows}
+        self.family = {r["id"]: (r["env_id"], r["params"]) for r in stat_rows}
         self.has_index = any(ix.columns == ["embedding"] for ix in indices)  # status's rides along
         # a crash between the stats commit and the clock's leaves the clock behind: catch up
         ticks = [s.last_tick for s in self.stats.values() if s.last_tick is not None]
@@ -241,7 +276,8 @@ class Writer:
             if dirty:
                 with anyio.fail_after(self.cfg.db_timeout_s):
                     await (self.t.stats.merge_insert("id").when_matched_update_all()
-                           .when_not_matched_insert_all().execute(stats_table(list(dirty.values()))))
+                           .when_not_matched_insert_all()
+                           .execute(stats_table(list(dirty.values()), self.family)))
         except Exception as exc:
             log.error("memory_stats_write_failed", ops=len(pending), error=repr(exc))
             self.clock = clock_before  # nothing of `dirty` was committed
@@ -391,24 +427,30 @@ class Writer:
     async def _records(self, ops: list[Op], dirty: dict[str, EnvStats]) -> None:
         now = now_utc()
         for op in ops:
-            eid, episodes = op.payload
-            if eid not in self.known:
-                op.finish(error=KeyError(f"unknown environment {eid}"))
+            rec: RecordPayload = op.payload
+            if rec.env_id not in self.known:
+                op.finish(error=KeyError(f"unknown environment {rec.env_id}"))
                 continue
-            prev = dirty.get(eid) or self.stats.get(eid) or EnvStats(id=eid)
-            new = update_stats(prev, episodes, alpha=self.cfg.ema_alpha, now=now)
+            vid = rec.variant_id
+            # set before the commit; harmless if it fails: the same variant maps the same way
+            self.family[vid] = (rec.env_id, rec.params)
+            prev = dirty.get(vid) or self.stats.get(vid) or EnvStats(id=vid)
+            new = update_stats(prev, rec.episodes, alpha=self.cfg.ema_alpha, now=now)
             if new.last_tick is None:  # first play is a visit on the replay clock
                 new = replace(new, last_tick=self.clock)
                 self.clock += 1
-            dirty[eid] = new
+            dirty[vid] = new
             op.result = new  # finished once the stats commit
 
     async def _samples(self, ops: list[Op], dirty: dict[str, EnvStats]) -> None:
+        accepted = self.accepted
+        family = {vid: env for vid, (env, _) in self.family.items()}
         for op in ops:
             u, min_pool = op.payload
             merged = {**self.stats, **dirty}
-            pool = replay_pool(merged, self.accepted)
-            if len(pool) < max(1, min_pool):
+            pool = replay_pool(merged, accepted, family)
+            # min_seen counts environments (ReplayConfig), however many variants each has
+            if not pool or len({family.get(v.id, v.id) for v in pool}) < min_pool:
                 op.finish(None)
                 continue
             p = pool_distribution(pool, self.clock, self.cfg.replay)

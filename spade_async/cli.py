@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import anyio
 import typer
@@ -38,6 +39,8 @@ _register_memory()
 DEFAULT_CONFIG = Path("configs/embedded.toml")
 ConfigOpt = typer.Option(DEFAULT_CONFIG, "--config", "-c", help="TOML config file")
 JsonOpt = typer.Option(False, "--json", help="machine-readable output")
+ParamsOpt = typer.Option(None, "--params", help='the environment\'s knobs as a JSON object, '
+                         'e.g. \'{"digits": 2}\' (the others keep their defaults)')
 
 
 @app.callback()
@@ -258,6 +261,22 @@ def _stored_env_code(cfg: SpadeConfig, env_id: str) -> str:
         raise typer.Exit(2) from None
 
 
+def _parse_params(text: str | None) -> dict[str, Any] | None:
+    """`--params` as a dict; a malformed one ends the command with a one-line error."""
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        typer.echo(f"error: --params is not valid JSON ({exc}): {text[:120]}", err=True)
+        raise typer.Exit(2) from None
+    if not isinstance(value, dict):
+        typer.echo(f"error: --params must be a JSON object like '{{\"digits\": 2}}', got "
+                   f"{type(value).__name__}", err=True)
+        raise typer.Exit(2)
+    return value
+
+
 def _sandbox_error(exc: Exception) -> None:
     typer.echo(f"error: {exc}", err=True)
     raise typer.Exit(2) from None
@@ -268,19 +287,24 @@ def env_validate(
     files: list[Path] = typer.Argument(..., help="environment module(s) (.py)"),
     config: Path = ConfigOpt,
     as_json: bool = JsonOpt,
+    params_json: str | None = ParamsOpt,
 ) -> None:
-    """Run the validation pipeline; exit 0 when every file is accepted, 1 if any is rejected."""
+    """Run the validation pipeline; exit 0 when every file is accepted, 1 if any is rejected.
+    An environment with knobs is checked at its defaults and every knob's extremes; with
+    --params, only at those values (a value that does not fit fails static.params)."""
     from spade_async.envs.validate import validate
     from spade_async.sandbox.isolation import SandboxUnavailable
     from spade_async.sandbox.runtime import Sandbox
 
     cfg = _config(config)
+    params = _parse_params(params_json)
     codes = [(f, _read_env_file(f)) for f in files]
     sb_cfg = cfg.sandbox.model_copy(update={"warm_workers": min(cfg.sandbox.warm_workers, 2)})
 
     async def run_all():
         async with Sandbox(sb_cfg) as sb:
-            return [(f, await validate(code, sb, cfg.validation)) for f, code in codes]
+            return [(f, await validate(code, sb, cfg.validation, params=params))
+                    for f, code in codes]
 
     try:
         reports = anyio.run(run_all)
@@ -294,6 +318,9 @@ def env_validate(
             verdict = "ACCEPTED" if r.accepted else "REJECTED"
             name = r.meta.name if r.meta else "?"
             typer.echo(f"{f}: {verdict} ({name}, {r.seconds * 1000:.0f} ms)")
+            if len(r.points) > 1 or any(r.points):
+                typer.echo(f"  at {len(r.points)} params point(s): "
+                           + "; ".join(json.dumps(p) for p in r.points))
             for c in r.checks:
                 mark = {True: "ok  ", False: "FAIL", None: "skip"}[c.passed]
                 line = f"  {mark} {c.name}"
@@ -313,14 +340,21 @@ def env_play(
     seed: int = typer.Option(0, "--seed", help="episode seed"),
     hint: bool = typer.Option(False, "--hint", help="show the privileged hint first"),
     config: Path = ConfigOpt,
+    params_json: str | None = ParamsOpt,
 ) -> None:
     """Play an environment turn by turn, as a person: read an action, show the reward.
     A tool call is typed as `name {"arg": ...}` or as the canonical JSON."""
-    from spade_async.envs.contract import episode_score, tool_call_action
+    from spade_async.envs.contract import (
+        ContractError,
+        episode_score,
+        resolve_params,
+        tool_call_action,
+    )
     from spade_async.sandbox.isolation import SandboxUnavailable
     from spade_async.sandbox.runtime import SandboxError, open_env
 
     cfg = _config(config)
+    given = _parse_params(params_json)
     code = _read_env_file(Path(file)) if Path(file).exists() or file.endswith(".py") else \
         _stored_env_code(cfg, file)
 
@@ -336,12 +370,15 @@ def env_play(
     async def play():
         async with open_env(cfg.sandbox, code) as env:
             m = env.meta
-            typer.echo(f"== {m.name} (max {m.max_turns} turns, seed {seed})\n{m.description}")
+            params = resolve_params(m.params, given)  # ContractError: names the knob
+            typer.echo(f"== {m.name} (max {m.max_turns} turns, seed {seed}"
+                       + (f", params {json.dumps(params)}" if params else "")
+                       + f")\n{m.description}")
             tools = {t["function"]["name"] for t in m.tools}
             for t in m.tools:
                 fn = t["function"]
                 typer.echo(f"  tool {fn['name']}: {fn.get('description', '')}")
-            first = await env.reset(seed)
+            first = await env.reset(seed, params)
             if hint:
                 typer.echo(f"[hint] {await env.hint()}")
             typer.echo(f"\n{first.observation}")
@@ -368,6 +405,9 @@ def env_play(
     except SandboxError as exc:
         typer.echo(f"error: environment failed: {exc}", err=True)
         raise typer.Exit(1) from None
+    except ContractError as exc:
+        typer.echo(f"error: --params: {exc}", err=True)
+        raise typer.Exit(2) from None
 
 
 @bench_app.command("sandbox")

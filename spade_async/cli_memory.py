@@ -17,7 +17,7 @@ import anyio
 import typer
 
 from memory_db import EnvMemory, MemoryConfig, NewEnv, SchemaError, open_memory
-from memory_db.records import EnvRecord, Hit
+from memory_db.records import EnvRecord, Hit, VariantStats
 from spade_async.config import ConfigError, SpadeConfig, load_config
 
 memory_app = typer.Typer(help="Environment memory: search, list, show, stats, add, export.",
@@ -155,24 +155,29 @@ def memory_list(
 
 @memory_app.command("show")
 def memory_show(
-    env_id: str = typer.Argument(..., metavar="ID", help="environment id or a unique prefix"),
+    env_id: str = typer.Argument(..., metavar="ID",
+                                 help="environment id, a unique prefix, or a variant id"),
     code: bool = typer.Option(False, "--code", help="print the code too"),
     config: Path = ConfigOpt,
     as_json: bool = JsonOpt,
 ) -> None:
-    """One environment: metadata, source, status and reason, running stats (and its code)."""
+    """One environment: metadata, source, status and reason, running stats over all its
+    variants, each variant's params and stats (and its code)."""
 
-    async def get(mem: EnvMemory) -> EnvRecord | str:
+    async def get(mem: EnvMemory) -> tuple[EnvRecord, list[VariantStats]] | str:
         try:
-            return await mem.get(env_id, code=code)
+            rec = await mem.get(env_id, code=code)
         except KeyError as exc:
             return str(exc.args[0])
+        return rec, await mem.variants(rec.id)
 
-    rec = _read(config, get)
-    if isinstance(rec, str):
-        raise _fail(rec)
+    got = _read(config, get)
+    if isinstance(got, str):
+        raise _fail(got)
+    rec, variants = got
     if as_json:
-        typer.echo(json.dumps(rec.as_dict(), indent=2))
+        typer.echo(json.dumps({**rec.as_dict(), "variants": [v.as_dict() for v in variants]},
+                              indent=2))
         return
     s = rec.stats
     lines = [
@@ -189,10 +194,26 @@ def memory_show(
         f"learnability {_num(s.learnability)}",
         f"replay:         {s.times_replayed} times, last played "
         f"{s.last_played.isoformat() if s.last_played else 'never'}",
+        *_variant_lines(variants),
     ]
     typer.echo("\n".join(lines))
     if code:
         typer.echo("\n" + (rec.code or ""))
+
+
+def _variant_lines(variants: list[VariantStats]) -> list[str]:
+    """The variants as a small table, most played first (the order `variants()` gives)."""
+    if not variants:
+        return ["variants:       none played"]
+    out = [f"variants:       {len(variants)} (the stats above are over all of them)",
+           f"  {'variant':27s} {'eps u/h':>9s} {'mean u':>7s} {'learn':>6s} {'regret':>7s}  params"]
+    for v in variants:
+        st = v.stats
+        params = json.dumps(v.params, sort_keys=True) if v.params else "{} (defaults)"
+        out.append(f"  {v.id:27s} {f'{st.episodes_unhinted}/{st.episodes_hinted}':>9s} "
+                   f"{_num(st.mean_unhinted):>7s} {_num(st.learnability):>6s} "
+                   f"{_num(st.regret_ema):>7s}  {_short(params, 80)}")
+    return out
 
 
 def _histogram_line(dist: dict[str, Any]) -> str:
@@ -215,7 +236,7 @@ def memory_stats(config: Path = ConfigOpt, as_json: bool = JsonOpt) -> None:
         return
     c = s.counts
     out = [f"environments:   {c.get('total', 0)} ({c.get('accepted', 0)} accepted, "
-           f"{c.get('rejected', 0)} rejected); {s.played} played"]
+           f"{c.get('rejected', 0)} rejected); {s.played} played; {s.variants} variants"]
     if s.reasons:
         out.append("rejected for:   " + ", ".join(f"{k} {v}" for k, v in s.reasons.items()))
     out.append(f"regret EMA:     {_histogram_line(s.regret)}")
@@ -226,7 +247,7 @@ def memory_stats(config: Path = ConfigOpt, as_json: bool = JsonOpt) -> None:
                f"{'-' if d is None else f'{d:.3f}'} (n={s.diversity.get('n', 0)})")
     if s.replay:
         top = ", ".join(f"{t['id']} {t['p']:.3f}" for t in s.replay["top"])
-        out.append(f"replay:         pool {s.replay['pool']} (effective "
+        out.append(f"replay:         pool {s.replay['pool']} variants (effective "
                    f"{s.replay['effective_pool']}), by {s.replay['score']}; top: {top}")
     st = s.storage
     ix = st.get("index")

@@ -11,7 +11,7 @@ import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from memory_db.config import MemoryConfig
 from spade_async.corpus import CorpusConfig
@@ -140,6 +140,9 @@ class ValidationConfig(_Strict):
     """The acceptance checks of DESIGN §3 run on every proposed environment."""
 
     seeds: list[int] = Field([0, 1, 2], min_length=1, description="seeds for every sandbox check")
+    extreme_seeds: int = Field(1, ge=1, description="how many of `seeds` the checks use at an "
+                               "environment's knob extremes (all of them at the defaults and at a "
+                               "proposed variant): up to 16 extra points, so they cost ~1/3 each")
     exploit_threshold: float = Field(0.5, gt=0, le=1, description="a probe policy scoring this "
                                      "much means the environment is trivially exploitable")
     solution_score: float = Field(1.0, gt=0, le=1, description="score the solution must reach")
@@ -181,6 +184,12 @@ class RegretConfig(_Strict):
                                          "share of validation checks that failed, so a weak "
                                          "designer still sees a gradient toward valid code")
     train_on_hinted: bool = Field(False, description="also train the agent on hinted episodes")
+    signal: Literal["hint_gap", "learnability", "both"] = Field(
+        "hint_gap", description="what pays the designer for an accepted environment (both are "
+        "recorded for every play): hint_gap, SPADE's regret max(0, R_h - R_u) behind the "
+        "feasibility gate; learnability, 4 p(1 - p) of the unhinted solve rate p (as 'No "
+        "Regrets' recommends for binary outcomes; a small model can do worse with a hint, "
+        "which makes the hint gap 0); both, their mean")
     advantage_eps: float = Field(1e-6, gt=0, description="added to the std when normalising")
 
 
@@ -190,7 +199,7 @@ class DaemonConfig(_Strict):
     mode: Literal["spade", "fixed"] = Field(
         "spade", description="spade: the designer writes environments from the corpus. fixed: "
         "the fixed-environment baseline: no designer and no corpus; the agent plays the "
-        "environments the memory holds when the run starts (with bootstrap_seeds, the 16 seeds), "
+        "environments the memory holds when the run starts (with bootstrap_seeds, the 18 seeds), "
         "in a shuffled round robin, through the same episodes, regret, batches and trainer")
     designs_per_document: int = Field(4, ge=1, description="G: designs drawn per document")
     designer_max_tokens: int = Field(1536, ge=64, description="completion budget of one design")
@@ -200,6 +209,23 @@ class DaemonConfig(_Strict):
         "tokens (loss mask 0): it opens the code block the contract asks for, so small models "
         "write code instead of prose. \"\" leaves the reply's start to the model")
     examples_k: int = Field(1, ge=0, description="memory examples (MMR) in each designer prompt")
+    moves: dict[Literal["write", "edit"], float] = Field(
+        default_factory=lambda: {"write": 1.0, "edit": 0.0},
+        description="the designer's move mix (DESIGN §12), as relative weights: write a new "
+        "module from a document, or edit the knobs of a stored environment (an edit needs a "
+        "played environment that declares params; until there is one, the move is a write)")
+
+    @field_validator("moves")
+    @classmethod
+    def _moves_mix(cls, v: dict[str, float]) -> dict[str, float]:
+        if any(w < 0 for w in v.values()) or not sum(v.values()) > 0:
+            raise ValueError(f"move weights must be >= 0 with a positive sum, got {v}")
+        return v
+
+    edits_per_variant: int = Field(4, ge=1, description="G of the edit move: edits drawn for one "
+                                   "stored variant, their advantages normalised together")
+    edit_options: int = Field(8, ge=2, le=32, description="neighbouring settings offered to "
+                              "the model per edit (the choice constraint's options)")
     documents_in_flight: int = Field(2, ge=1, description="documents being designed at once")
     envs_in_flight: int = Field(4, ge=1, description="environments being played at once")
     env_queue: int = Field(8, ge=1, description="bounded stream: accepted envs awaiting play")

@@ -30,13 +30,17 @@ from typing import Any, Protocol
 import anyio
 from anyio.abc import TaskStatus
 
+from memory_db.schema import variant_id
 from spade_async.chat_tokens import ChatTokens
 from spade_async.config import SpadeConfig
+from spade_async.constrained import TokenBytes
 from spade_async.corpus import Chunk, CorpusSampler
 from spade_async.designer import Design, design
+from spade_async.edit import VariantView, candidate_params, easiest_params, propose_edit
 from spade_async.endpoints.pool import EndpointError, EndpointPool
+from spade_async.envs.contract import ContractError, EnvMeta, resolve_params
 from spade_async.envs.validate import ValidationReport, validate
-from spade_async.episode import Episode, run_episode
+from spade_async.episode import Episode, play_in_sandbox
 from spade_async.failures import Failures, GaveUp, failure_kind
 from spade_async.logs import get_logger
 from spade_async.metrics import Metrics
@@ -60,9 +64,22 @@ RETRY_EPISODE = frozenset({"timeout", "deadline", "http_5xx", "http_429", "malfo
 
 @dataclass(frozen=True)
 class StoredEnv:
+    """An environment to play: `env_id` is the environment (family, whose code this is),
+    `params` the difficulty knobs to play it at ({}: its defaults) and `variant_id` that
+    variant's stats key (memory_db.schema.variant_id; defaults to env_id when there are no
+    params)."""
+
     env_id: str
     code: str
     name: str
+    params: dict[str, Any] = field(default_factory=dict, hash=False)
+    variant_id: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.variant_id:
+            if self.params:  # only the memory knows how params hash; never guess an id here
+                raise ValueError(f"StoredEnv {self.env_id} with params needs its variant_id")
+            object.__setattr__(self, "variant_id", self.env_id)
 
 
 class MemoryPort(Protocol):
@@ -75,9 +92,20 @@ class MemoryPort(Protocol):
         ...
 
     async def record_play(self, env_id: str, unhinted: list[float], hinted: list[float],
-                          regret: EnvRegret, replayed: bool) -> None: ...
+                          regret: EnvRegret, replayed: bool,
+                          params: dict[str, Any] | None = None) -> None:
+        """Episodes of environment `env_id` played at `params` (resolved; None: defaults)."""
+        ...
 
     async def sample_replay(self) -> StoredEnv | None: ...
+
+    async def sample_played(self) -> StoredEnv | None:
+        """A played variant by the replay sampler's priorities (None before any play)."""
+        ...
+
+    async def variants(self, env_id: str) -> list[Any]:
+        """memory_db.records.VariantStats of `env_id`, most played first."""
+        ...
 
     async def accepted_count(self) -> int: ...
 
@@ -129,13 +157,17 @@ class PlayJob:
     code: str
     name: str
     group: DocGroup | None  # None: a replayed environment
+    params: dict[str, Any] | None = None  # a variant's knobs (None: the environment's defaults)
+    move: str = "write"  # how it came to be played: write, edit, replay or fixed
 
 
 @dataclass
 class DocGroup:
-    """The G designs of one document, until all their rewards are known."""
+    """The G designs of one document (move "write"), or the G edits of one stored variant
+    (move "edit", `chunk` None), until all their rewards are known. `env_of` maps a design to
+    what it is scored by: its environment id (write) or its variant id (edit)."""
 
-    chunk: Chunk
+    chunk: Chunk | None
     designs: list[Design] = field(default_factory=list)
     status: dict[str, DesignStatus] = field(default_factory=dict)
     env_of: dict[str, str] = field(default_factory=dict)
@@ -144,6 +176,9 @@ class DocGroup:
     agent_samples: list[Sample] = field(default_factory=list)
     request_failures: list[str] = field(default_factory=list)  # kinds, this attempt
     unscored: set[str] = field(default_factory=set)  # env ids whose play was given up
+    move: str = "write"
+    label: str = ""  # the chunk id, or "edit:<variant id>"
+    untrainable: set[str] = field(default_factory=set)  # designs with no trustworthy sample
     pending: int = 0
     done: anyio.Event = field(default_factory=anyio.Event)
 
@@ -171,6 +206,9 @@ class Daemon:
         self.waiting_for_trainer = False
         self.metrics = Metrics()
         self.failures = Failures(run_dir, self.metrics)
+        self._metas: dict[str, EnvMeta] = {}  # env id -> what it says about itself (knobs)
+        self._knob_families: tuple[float, list[StoredEnv]] = (-1e9, [])
+        self._vocab: TokenBytes | None = None
 
     # ---- the loop --------------------------------------------------------------------------
 
@@ -272,9 +310,13 @@ class Daemon:
                 if self._stopping:
                     limiter.release()
                     break
-                chunk = await anyio.to_thread.run_sync(next, self.corpus)
                 started += 1
-                tg.start_soon(self._document, chunk, send_env.clone(), limiter)
+                parent = await self._edit_parent() if self._next_move() == "edit" else None
+                if parent is not None:
+                    tg.start_soon(self._edit_variant, parent, send_env.clone(), limiter)
+                else:
+                    chunk = await anyio.to_thread.run_sync(next, self.corpus)
+                    tg.start_soon(self._document, chunk, send_env.clone(), limiter)
                 if self._rng.random() < dcfg.replay_probability:
                     tg.start_soon(self._replay_one, send_env.clone())
 
@@ -303,7 +345,8 @@ class Daemon:
                 env = order[started % len(order)]
                 started += 1
                 self.counters["fixed_plays"] += 1
-                await send_env.send(PlayJob(env.env_id, env.code, env.name, None))
+                await send_env.send(PlayJob(env.env_id, env.code, env.name, None,
+                                            params=env.params or None, move="fixed"))
 
     async def _eval_loop(self) -> None:
         """Held-out evaluation of every `eval.every_versions`-th published version (version 0,
@@ -365,14 +408,193 @@ class Daemon:
                 return
             if env is not None:
                 self.counters["replays"] += 1
-                await send_env.send(PlayJob(env.env_id, env.code, env.name, None))
+                await send_env.send(PlayJob(env.env_id, env.code, env.name, None,
+                                            params=env.params or None, move="replay"))
+
+    # ---- the edit move (DESIGN §12) ---------------------------------------------------------
+
+    def _next_move(self) -> str:
+        moves = {k: w for k, w in self.cfg.daemon.moves.items() if w > 0}
+        if len(moves) == 1:
+            return next(iter(moves))
+        x = self._rng.random() * sum(moves.values())
+        for move, w in sorted(moves.items()):
+            x -= w
+            if x < 0:
+                return move
+        return "write"
+
+    async def _meta(self, env_id: str, code: str) -> EnvMeta:
+        """What a stored environment says about itself (its knobs), loaded in the sandbox
+        once per daemon."""
+        meta = self._metas.get(env_id)
+        if meta is None:
+            async def load() -> EnvMeta:
+                async with self.sandbox.open(code) as env:
+                    return env.meta
+
+            meta = await self.failures.retrying("load", load,
+                                                attempts=self.cfg.daemon.item_attempts,
+                                                env_id=env_id)
+            self._metas[env_id] = meta
+        return meta
+
+    async def _edit_parent(self) -> StoredEnv | None:
+        """What the next edit starts from: a played variant drawn by the replay sampler's
+        priorities (ACCEL edits levels from its buffer), if its environment has knobs; else
+        an accepted environment with knobs at its easiest point (ACCEL starts from simple
+        levels), at random. None (the move falls back to write) when no stored environment
+        has knobs."""
+        try:
+            for _ in range(4):
+                env = await self._memory_op(self.memory.sample_played, what="edit_parent")
+                if env is None:
+                    break
+                if (await self._meta(env.env_id, env.code)).params:
+                    return env
+            stamp, families = self._knob_families
+            if time.monotonic() - stamp > 60 or not families:
+                families = []
+                for env in await self._memory_op(self.memory.fixed_pool, what="edit_parent"):
+                    try:
+                        if (await self._meta(env.env_id, env.code)).params:
+                            families.append(env)
+                    except GaveUp:
+                        continue
+                self._knob_families = (time.monotonic(), families)
+        except GaveUp as exc:
+            await self.failures.give_up("edit_parent", str(exc))
+            return None
+        if not families:
+            self.counters["edit_without_parent"] += 1
+            return None
+        env = self._rng.choice(families)
+        easy = easiest_params(self._metas[env.env_id].params)
+        return StoredEnv(env.env_id, env.code, env.name, params=easy,
+                         variant_id=variant_id(env.env_id, easy))
+
+    def _vocabulary(self) -> TokenBytes:
+        if self._vocab is None:
+            self._vocab = TokenBytes(self.chat.tok, self.chat.eos_ids)
+        return self._vocab
+
+    async def _edit_variant(self, parent: StoredEnv, send_env, limiter: anyio.Semaphore) -> None:
+        """G edits of one stored variant, validated at their params, the accepted ones played
+        (each distinct variant once), then one batch with their rewards normalised together."""
+        group = DocGroup(None, move="edit", label=f"edit:{parent.variant_id}")
+        try:
+            async with send_env:
+                try:
+                    meta = await self._meta(parent.env_id, parent.code)
+                    current = resolve_params(meta.params, parent.params)
+                    played = [VariantView(v.params, v.episodes, v.stats.mean_unhinted,
+                                          v.stats.mean_hinted)
+                              for v in (await self._memory_op(
+                                  lambda: self.memory.variants(parent.env_id),
+                                  what="variants"))[:8]]
+                except (GaveUp, ContractError) as exc:
+                    await self.failures.give_up("edit", str(exc), env_id=parent.env_id)
+                    return
+                candidates = candidate_params(meta.params, current, self._rng,
+                                              self.cfg.daemon.edit_options)
+                if len(candidates) < 2:
+                    self.counters["edit_without_options"] += 1
+                    return
+                await self._design_all(
+                    group, lambda: self._one_edit(group, parent, meta, current, played,
+                                                  candidates),
+                    self.cfg.daemon.edits_per_variant)
+                queued: set[str] = set()
+                jobs = []
+                for d in group.designs:
+                    key = group.env_of.get(d.design_id)
+                    if group.status[d.design_id] is DesignStatus.ACCEPTED and key not in queued:
+                        queued.add(key)
+                        jobs.append(PlayJob(parent.env_id, parent.code, parent.name, group,
+                                            params=d.params, move="edit"))
+                group.pending = len(jobs)
+                if not jobs:
+                    group.done.set()
+                for job in jobs:
+                    await send_env.send(job)
+            await group.done.wait()
+            await self._finish_document(group)
+        finally:
+            limiter.release()
+
+    async def _one_edit(self, group: DocGroup, parent: StoredEnv, meta: EnvMeta,
+                        current: dict[str, Any], played: list[VariantView],
+                        candidates: list[dict[str, Any]]) -> None:
+        dcfg = self.cfg.daemon
+        self.in_flight["designs"] += 1
+        self.policy.refresh()
+        try:
+            d = await propose_edit(
+                self.pool, self.chat, self._vocabulary(), env_id=parent.env_id,
+                name=meta.name, description=meta.description, specs=meta.params,
+                current=current, played=played, candidates=candidates,
+                signal=self.cfg.regret.signal, model=self.policy.model,
+                policy_version=self.policy.version, temperature=dcfg.designer_temperature,
+                deadline_s=self.cfg.rollout.request_deadline_s)
+        except EndpointError as exc:
+            self.failures.count("edit", exc.kind, exc, env_id=parent.env_id)
+            group.request_failures.append(exc.kind)
+            return
+        finally:
+            self.in_flight["designs"] -= 1
+        self.counters["designs"] += 1
+        self.counters["moves_edit_proposed"] += 1
+        self._sampled_with(d.policy_version, episode=False)
+        d.code = parent.code
+        report: ValidationReport | None = None
+        vid = None
+        if d.params is None:
+            status, reason = DesignStatus.INVALID, f"edit.answer: {d.error}"
+            if d.allowed is None:  # the server's constraint is not ours: no honest sample
+                group.untrainable.add(d.design_id)
+                self.counters["edit_constraint_mismatch"] += 1
+        else:
+            vid = variant_id(parent.env_id, d.params)
+            try:
+                report = await self._validate(parent.code, params=d.params,
+                                              env_id=parent.env_id, design_id=d.design_id)
+            except GaveUp as exc:
+                await self.failures.give_up("edit", str(exc), env_id=parent.env_id,
+                                            design_id=d.design_id, failed_in=exc.stage)
+                return
+            status = DesignStatus.ACCEPTED if report.accepted else DesignStatus.INVALID
+            reason = report.reason
+            group.checks_passed[d.design_id] = report.progress
+        group.designs.append(d)
+        group.status[d.design_id] = status
+        if status is DesignStatus.ACCEPTED:
+            group.env_of[d.design_id] = vid or ""
+            self.counters["moves_edit_accepted"] += 1
+        else:
+            key = reason.split(":")[0] if reason else "unknown"
+            self.reasons[key] += 1
+            self.metrics.rejections.labels(key).inc()
+        self.counters[f"designs_{status.value}"] += 1
+        self.metrics.designs.labels(status.value).inc()
+        self.metrics.tokens.labels("designer").inc(len(d.token_ids) - d.prompt_len)
+        log.info("edit", env_id=parent.env_id, parent=parent.variant_id, params=d.params,
+                 status=status.value, reason=reason or None)
+        await self._append("designs", {
+            "time": time.time(), "design_id": d.design_id, "doc_id": d.doc_id,
+            "chunk_id": group.label, "policy_version": d.policy_version,
+            "status": status.value, "reason": reason.split(":")[0] if reason else "",
+            "env_id": parent.env_id, "completion_tokens": len(d.token_ids) - d.prompt_len,
+            "progress": report.progress if report is not None else 0.0, "move": "edit",
+            "parent": parent.variant_id, "params": d.params, "variant_id": vid,
+            "family": meta.name})
 
     async def _document(self, chunk: Chunk, send_env, limiter: anyio.Semaphore) -> None:
-        group = DocGroup(chunk)
+        group = DocGroup(chunk, label=chunk.chunk_id)
         try:
             async with send_env:
                 examples = await self._examples(chunk)
-                await self._design_all(group, examples)
+                await self._design_all(group, lambda: self._one_design(group, examples),
+                                       self.cfg.daemon.designs_per_document)
                 accepted = [d for d in group.designs
                             if group.status[d.design_id] is DesignStatus.ACCEPTED]
                 group.pending = len(accepted)
@@ -380,7 +602,8 @@ class Daemon:
                     group.done.set()
                 for d in accepted:
                     env_id = group.env_of[d.design_id]
-                    await send_env.send(PlayJob(env_id, d.code or "", env_id, group))
+                    await send_env.send(PlayJob(env_id, d.code or "", env_id, group,
+                                                move="write"))
             await group.done.wait()
             await self._finish_document(group)
         finally:
@@ -399,21 +622,20 @@ class Daemon:
             self.failures.count("examples", kind, exc, chunk=chunk.chunk_id)
             return []
 
-    async def _design_all(self, group: DocGroup, examples: list[str]) -> None:
-        """The document's G designs. When the endpoints failed every one of them, the
-        document is designed again after a back-off (1 s, doubling to 30 s): an outage (no
-        endpoint up, connection refused, the model not served yet) is waited out, so a dead
-        endpoint neither spins through the corpus nor loses documents; other failures
+    async def _design_all(self, group: DocGroup, one: Any, n: int) -> None:
+        """The group's G designs (`one()` makes one). When the endpoints failed every one of
+        them, the group is designed again after a back-off (1 s, doubling to 30 s): an outage
+        (no endpoint up, connection refused, the model not served yet) is waited out, so a
+        dead endpoint neither spins through the corpus nor loses documents; other failures
         (timeouts, deadlines, 5xx, malformed answers) get `daemon.document_attempts` tries,
-        then the document is given up and recorded."""
+        then the document (or edited variant) is given up and recorded."""
         dcfg = self.cfg.daemon
-        n = dcfg.designs_per_document
         delay, tries = 1.0, 0
         while True:
             group.request_failures = []
             async with anyio.create_task_group() as tg:
                 for _ in range(n):
-                    tg.start_soon(self._one_design, group, examples)
+                    tg.start_soon(one)
             failed = group.request_failures
             if group.designs or len(failed) < n or self._stopping:
                 return
@@ -421,12 +643,13 @@ class Daemon:
             tries += 0 if outage else 1
             if tries >= dcfg.document_attempts:
                 await self.failures.give_up(
-                    "document", f"all {n} design requests failed on {tries} tries (last: "
+                    "document" if group.move == "write" else "edit",
+                    f"all {n} design requests failed on {tries} tries (last: "
                     + ", ".join(f"{k} {v}" for k, v in sorted(Counter(failed).items())) + ")",
-                    doc_id=group.chunk.doc_id, chunk=group.chunk.chunk_id)
+                    chunk=group.label)
                 return
             self.counters["documents_retried"] += 1
-            log.warning("document_designs_all_failed", chunk=group.chunk.chunk_id,
+            log.warning("document_designs_all_failed", chunk=group.label,
                         kinds=sorted(set(failed)), outage=outage, retry_in_s=delay,
                         tries=tries, of=dcfg.document_attempts)
             end = time.monotonic() + delay
@@ -434,13 +657,16 @@ class Daemon:
                 await anyio.sleep(min(0.2, end - time.monotonic()))
             delay = min(30.0, delay * 2)
 
-    async def _validate(self, code: str, **context: Any) -> ValidationReport:
-        """The validation pipeline; a sandbox worker that did not start is the host's fault,
-        not the design's, and is tried again (`daemon.item_attempts`)."""
+    async def _validate(self, code: str, params: dict[str, Any] | None = None,
+                        **context: Any) -> ValidationReport:
+        """The validation pipeline (at `params` only, for an edit's variant); a sandbox
+        worker that did not start is the host's fault, not the design's, and is tried again
+        (`daemon.item_attempts`)."""
         self.in_flight["validations"] += 1
         try:
             return await self.failures.retrying(
-                "validation", lambda: validate(code, self.sandbox, self.cfg.validation),
+                "validation", lambda: validate(code, self.sandbox, self.cfg.validation,
+                                               params=params),
                 attempts=self.cfg.daemon.item_attempts, **context)
         finally:
             self.in_flight["validations"] -= 1
@@ -471,6 +697,7 @@ class Daemon:
         finally:
             self.in_flight["designs"] -= 1
         self.counters["designs"] += 1
+        self.counters["moves_write_proposed"] += 1
         self._sampled_with(d.policy_version, episode=False)
         try:
             report = None if d.code is None else await self._validate(
@@ -494,6 +721,7 @@ class Daemon:
         self.metrics.tokens.labels("designer").inc(len(d.token_ids) - d.prompt_len)
         if status is DesignStatus.ACCEPTED:
             group.env_of[d.design_id] = env_id or ""
+            self.counters["moves_write_accepted"] += 1
         else:
             key = reason.split(":")[0] if reason else "unknown"
             self.reasons[key] += 1
@@ -505,7 +733,9 @@ class Daemon:
             "chunk_id": chunk.chunk_id, "policy_version": d.policy_version,
             "status": status.value, "reason": reason.split(":")[0] if reason else "",
             "env_id": env_id, "completion_tokens": len(d.token_ids) - d.prompt_len,
-            "progress": report.progress if report is not None else 0.0})
+            "progress": report.progress if report is not None else 0.0, "move": "write",
+            "parent": None, "params": None, "variant_id": None,
+            "family": report.meta.name if report is not None and report.meta else None})
 
     # ---- playing ---------------------------------------------------------------------------
 
@@ -524,8 +754,19 @@ class Daemon:
         """K_u unhinted and K_h hinted episodes of one environment, its regret, its memory
         stats and its agent samples. Only episodes that ran to their end are scores: one that
         failed (endpoint, sandbox, deadline) after its tries never enters R_u, R_h or the
-        memory, and when a side has no score left the play is given up (recorded)."""
+        memory, and when a side has no score left the play is given up (recorded). A
+        variant is played at its params with every knob's value filled in, so its statistics
+        land under one variant id whoever asked for it."""
         rcfg = self.cfg.rollout
+        try:
+            meta = await self._meta(job.env_id, job.code)
+            job.params = resolve_params(meta.params, job.params) or None
+        except (GaveUp, ContractError) as exc:
+            await self.failures.give_up("play", f"cannot play at {job.params}: {exc}",
+                                        env_id=job.env_id)
+            if job.group is not None:
+                job.group.unscored.add(self._group_key(job))
+            return
         self.policy.refresh()
         version = self.policy.version
         results: dict[bool, list[Episode]] = {False: [], True: []}
@@ -554,7 +795,7 @@ class Daemon:
                 "finished (failed: " + ", ".join(f"{k} {v}" for k, v in sorted(failed.items()))
                 + ")", env_id=job.env_id, replayed=job.group is None)
             if job.group is not None:
-                job.group.unscored.add(job.env_id)
+                job.group.unscored.add(self._group_key(job))
         if job.group is not None:
             job.group.agent_samples += samples
         elif samples:
@@ -568,20 +809,34 @@ class Daemon:
         self.regrets.append(regret.regret)
         self.metrics.regret.observe(regret.regret)
         if job.group is not None:
-            job.group.regrets[job.env_id] = regret
+            job.group.regrets[self._group_key(job)] = regret
+            self.counters[f"moves_{job.group.move}_played"] += 1
+        params = job.params or {}
+        vid = variant_id(job.env_id, params)
         try:
             await self._memory_op(lambda: self.memory.record_play(
-                job.env_id, unhinted, hinted, regret, replayed=job.group is None),
-                env_id=job.env_id)
+                job.env_id, unhinted, hinted, regret, replayed=job.group is None,
+                params=params or None), env_id=job.env_id)
         except GaveUp as exc:  # the regret still counts; the memory's stats miss this play
             await self.failures.give_up("play_stats", str(exc), env_id=job.env_id)
-        log.info("env_played", env_id=job.env_id, replayed=job.group is None,
+        meta = self._metas.get(job.env_id)
+        log.info("env_played", env_id=job.env_id, variant_id=vid, params=params or None,
+                 move=job.move, replayed=job.group is None,
                  **{k: round(v, 4) if isinstance(v, float) else v
                     for k, v in regret.as_dict().items()})
         await self._append("plays", {"time": time.time(), "env_id": job.env_id,
+                                     "variant_id": vid, "params": params,
+                                     "name": meta.name if meta else job.name, "move": job.move,
                                      "replayed": job.group is None, "policy_version": version,
                                      "unhinted": unhinted, "hinted": hinted,
                                      **regret.as_dict()})
+
+    @staticmethod
+    def _group_key(job: PlayJob) -> str:
+        """What a group scores a design by: the environment (write) or the variant (edit)."""
+        if job.group is not None and job.group.move == "edit":
+            return variant_id(job.env_id, job.params or {})
+        return job.env_id
 
     async def _episode(self, job: PlayJob, hinted: bool, seed: int) -> Episode:
         """One episode, tried again when the endpoint failed it or no sandbox worker started
@@ -612,14 +867,10 @@ class Daemon:
                             version: int) -> Episode:
         self.in_flight["episodes"] += 1
         try:
-            async with self.sandbox.open(job.code) as env:
-                hint = None
-                if hinted:
-                    await env.reset(seed)
-                    hint = await env.hint()
-                return await run_episode(env, self.pool, self.chat, env_id=job.env_id,
-                                         seed=seed, hint=hint, model=model,
-                                         policy_version=version, cfg=self.cfg.rollout)
+            return await play_in_sandbox(self.sandbox, job.code, self.pool, self.chat,
+                                         env_id=job.env_id, seed=seed, hinted=hinted,
+                                         model=model, policy_version=version,
+                                         cfg=self.cfg.rollout, params=job.params)
         except (SandboxError, EndpointError) as exc:
             return Episode(f"ep-{uuid.uuid4().hex[:12]}", job.env_id, seed, hinted, version,
                            model, error=f"{type(exc).__name__}: {exc}",
@@ -664,7 +915,8 @@ class Daemon:
         # A design whose environment could not be scored (its play was given up) has no
         # reward: it is left out of the group rather than paid for our failures.
         designs = [d for d in group.designs
-                   if group.env_of.get(d.design_id) not in group.unscored]
+                   if group.env_of.get(d.design_id) not in group.unscored
+                   and d.design_id not in group.untrainable]
         rewards = []
         for d in designs:
             st = group.status[d.design_id]
@@ -680,13 +932,14 @@ class Daemon:
                     sample_id=d.design_id, role="designer",
                     env_id=group.env_of.get(d.design_id, ""), policy_version=d.policy_version,
                     token_ids=d.token_ids, loss_mask=d.loss_mask, behaviour_logprobs=d.logprobs,
-                    advantage=a, reward=r,
+                    advantage=a, reward=r, move=d.move, allowed_tokens=d.allowed,
                 ))
         if samples:
             await self._write_batch(samples)
-        await anyio.to_thread.run_sync(self.corpus.commit)
+        if group.chunk is not None:
+            await anyio.to_thread.run_sync(self.corpus.commit)
         self.iterations += 1
-        log.info("iteration", n=self.iterations, chunk=group.chunk.chunk_id,
+        log.info("iteration", n=self.iterations, chunk=group.label, move=group.move,
                  designs=len(group.designs), samples=len(samples))
 
     async def _write_batch(self, samples: list[Sample]) -> None:

@@ -12,6 +12,7 @@ import ast
 import re
 import uuid
 from dataclasses import dataclass, field
+from typing import Any
 
 from spade_async.chat_tokens import ChatTokens
 from spade_async.endpoints.pool import EndpointPool
@@ -25,8 +26,9 @@ class Environment:
     description: str     # what the agent must do and the exact action format
     max_turns: int = 8   # agent actions before the episode is truncated
     tools: list = []     # optional OpenAI function-tool schemas the agent may call
+    params: dict = {{}}    # optional difficulty knobs, e.g. {{"digits": {{"type": "int", "min": 1, "max": 6, "default": 3}}}} (min is the easiest)
 
-    def reset(self, seed: int) -> tuple[str, dict]: ...   # first observation, info; deterministic per seed (use random.Random(seed))
+    def reset(self, seed: int, params: dict = None) -> tuple[str, dict]: ...   # first observation, info; deterministic per seed (use random.Random(seed)); params: every knob's value
     def step(self, action: str) -> tuple[str, float, bool, bool, dict]: ...  # obs, reward, terminated, truncated, info
     def hint(self) -> str: ...           # privileged hint that makes this episode much easier
     def solution(self) -> list[str]: ... # actions that reach full score from reset(seed)
@@ -50,6 +52,13 @@ class Design:
     token_ids: list[int] = field(default_factory=list)
     loss_mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    # The move (DESIGN §12): "write" a new module, or "edit" the knobs of the stored
+    # environment `parent` (its code, with `params`; see spade_async/edit.py).
+    move: str = "write"
+    parent: str | None = None
+    params: dict[str, Any] | None = None
+    allowed: list[list[int]] | None = None  # per sampled token, under a choice constraint
+    error: str = ""  # why an edit has no params
 
 
 def designer_messages(excerpt: str, examples: list[str]) -> list[dict[str, str]]:

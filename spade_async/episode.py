@@ -21,7 +21,7 @@ from spade_async.config import RolloutConfig
 from spade_async.endpoints.pool import EndpointError, EndpointPool
 from spade_async.envs.contract import EnvMeta, episode_score, parse_tool_call, tool_call_action
 from spade_async.logs import get_logger
-from spade_async.sandbox.runtime import EnvSession, SandboxError
+from spade_async.sandbox.runtime import EnvSession, Sandbox, SandboxError
 
 log = get_logger("episode")
 
@@ -60,6 +60,8 @@ class Episode:
     truncated: bool = False
     error: str | None = None
     error_kind: str | None = None  # the failures ledger's label: timeout, sandbox_crashed, ...
+    params: dict[str, Any] | None = None  # the knobs it was played at (None: the environment's
+    # own defaults, or it has none)
 
     @property
     def sampled_tokens(self) -> int:
@@ -70,6 +72,8 @@ class Episode:
         rec = asdict(self)
         for k in ("token_ids", "loss_mask", "logprobs"):
             rec.pop(k)
+        if rec["params"] is None:
+            rec.pop("params")  # records of environments played without knobs stay as they were
         rec["sampled_tokens"] = self.sampled_tokens
         rec["sequence_tokens"] = len(self.token_ids)
         return rec
@@ -118,14 +122,18 @@ async def run_episode(
     model: str,
     policy_version: int,
     cfg: RolloutConfig,
+    params: dict[str, Any] | None = None,
 ) -> Episode:
+    """Play one episode. `params` (a variant's knobs) go to `env.reset`, which fills in the
+    defaults; with None, reset is called as `reset(seed)`, so sessions without knobs (BFCL's)
+    need not accept them. A hinted episode's hint must come from the same params."""
     meta = env.meta
     ep = Episode(f"ep-{uuid.uuid4().hex[:12]}", env_id, seed, hint is not None, policy_version,
-                 model)
+                 model, params=None if params is None else dict(params))
     rewards: list[float] = []
     with anyio.move_on_after(cfg.episode_deadline_s) as scope:
         try:
-            first = await env.reset(seed)
+            first = await (env.reset(seed) if params is None else env.reset(seed, params))
         except SandboxError as exc:
             ep.error, ep.error_kind = f"reset: {exc}", f"sandbox_{exc.kind}"
             return ep
@@ -178,3 +186,31 @@ async def run_episode(
     log.debug("episode_done", env_id=env_id, episode_id=ep.episode_id, hinted=ep.hinted,
               score=ep.score, turns=len(ep.turns), error=ep.error)
     return ep
+
+
+async def play_in_sandbox(
+    sandbox: Sandbox,
+    code: str,
+    pool: EndpointPool,
+    chat: ChatTokens,
+    *,
+    env_id: str,
+    seed: int,
+    hinted: bool,
+    model: str,
+    policy_version: int,
+    cfg: RolloutConfig,
+    params: dict[str, Any] | None = None,
+) -> Episode:
+    """One episode of `code` (at `params`, a variant's knobs) in a fresh sandbox worker. A
+    hinted episode reads this seed's hint first and plays with it in the system prompt
+    (DESIGN §6). Sandbox and endpoint errors propagate: the caller decides whether they are
+    retried or counted."""
+    async with sandbox.open(code) as env:
+        hint = None
+        if hinted:
+            await env.reset(seed, params)
+            hint = await env.hint()
+        return await run_episode(env, pool, chat, env_id=env_id, seed=seed, hint=hint,
+                                 model=model, policy_version=policy_version, cfg=cfg,
+                                 params=params)

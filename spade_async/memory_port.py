@@ -3,7 +3,8 @@
 Maps a design's outcome to the memory's records: accepted (novel and valid), rejected with the
 validator's reason (invalid), or rejected as a near-copy of an accepted one (duplicate, the
 neighbour's id in the reason). A reply with no code at all is not an environment and is not
-stored; the daemon counts it.
+stored; the daemon counts it. Plays are recorded per variant (the environment at its params);
+replay hands back a variant.
 """
 
 from __future__ import annotations
@@ -12,9 +13,11 @@ import random
 import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 from memory_db.config import MemoryConfig
-from memory_db.records import NewEnv
+from memory_db.records import NewEnv, VariantStats
+from memory_db.schema import variant_id
 from memory_db.store import EnvMemory
 from memory_db.store import open_memory as _open_memory
 from spade_async.config import SpadeConfig
@@ -65,8 +68,14 @@ class LanceMemoryPort:
         return DesignStatus.INVALID, None, res.reason
 
     async def record_play(self, env_id: str, unhinted: list[float], hinted: list[float],
-                          regret: EnvRegret, replayed: bool) -> None:
-        await self.mem.record_episodes(env_id, hinted=hinted, unhinted=unhinted)
+                          regret: EnvRegret, replayed: bool,
+                          params: dict[str, Any] | None = None) -> None:
+        await self.mem.record_episodes(env_id, hinted=hinted, unhinted=unhinted, params=params)
+
+    async def variants(self, env_id: str) -> list[VariantStats]:
+        """The environment's variants with their statistics, most played first (what the
+        designer's edit move shows the model)."""
+        return await self.mem.variants(env_id)
 
     async def accepted_count(self) -> int:
         return await self.mem.count("accepted")
@@ -77,22 +86,31 @@ class LanceMemoryPort:
 
     async def sample_replay(self) -> StoredEnv | None:
         """Accepted environments never played (the bootstrap seeds, or a design whose play a
-        crash cut short) come first, oldest first: PLR's unseen levels. Then PLR's draw over
-        the played ones. The unseen list is read once per daemon; new designs are played
-        when they are accepted, so they never join it."""
+        crash cut short) come first, oldest first, at their defaults (params {}: the daemon
+        resolves them): PLR's unseen levels. Then PLR's draw over the played variants. The
+        unseen list is read once per daemon; new designs are played when they are accepted,
+        so they never join it."""
         if self._unseen is None:
             records = await self.mem.list(status="accepted", limit=None)
             self._unseen = [r.id for r in sorted(records, key=lambda r: (r.created_at, r.id))
                             if not r.stats.episodes_unhinted]
         if self._unseen:
-            env_id = self._unseen.pop(0)
-        else:
-            drawn = await self.mem.sample_replay(self.rng)
-            if drawn is None:
-                return None
-            env_id = drawn[0]
+            return await self._stored(self._unseen.pop(0), {})
+        return await self.sample_played()
+
+    async def sample_played(self) -> StoredEnv | None:
+        """PLR's draw over the played variants only (what the edit move starts from, as ACCEL
+        edits levels from its replay buffer); None when nothing has been played yet."""
+        drawn = await self.mem.sample_replay(self.rng)
+        if drawn is None:
+            return None
+        variant = await self.mem.variant(drawn[0])
+        return await self._stored(variant.env_id, variant.params)
+
+    async def _stored(self, env_id: str, params: dict[str, Any]) -> StoredEnv:
         rec = await self.mem.get(env_id, code=True)
-        return StoredEnv(rec.id, rec.code or "", rec.name)
+        return StoredEnv(rec.id, rec.code or "", rec.name, params=params,
+                         variant_id=variant_id(rec.id, params))
 
 
 @asynccontextmanager

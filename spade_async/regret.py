@@ -31,6 +31,7 @@ class EnvRegret:
     feasible: bool
     designer_reward: float
     learnability: float  # p(1 - p) of the unhinted solve rate
+    signal: str = "hint_gap"  # what designer_reward pays (RegretConfig.signal)
 
     def as_dict(self) -> dict[str, float | bool]:
         return dict(self.__dict__)
@@ -43,12 +44,17 @@ def _mean(xs: list[float]) -> float:
 
 
 def env_regret(unhinted: list[float], hinted: list[float], cfg: RegretConfig) -> EnvRegret:
+    """Both targeting signals, whichever pays: the hint gap (regret, gated by feasibility) and
+    learnability p(1 - p), scaled by 4 into [0, 1] when it is the reward so the two compare."""
     r_u, r_h = _mean(unhinted), _mean(hinted)
     regret = max(0.0, r_h - r_u)
     feasible = r_h >= cfg.feasibility_threshold
     solved = _mean([1.0 if s >= 1.0 else 0.0 for s in unhinted])
-    return EnvRegret(r_u, r_h, regret, feasible, regret if feasible else 0.0,
-                     solved * (1.0 - solved))
+    learnability = solved * (1.0 - solved)
+    gap = regret if feasible else 0.0
+    reward = {"hint_gap": gap, "learnability": 4.0 * learnability,
+              "both": 0.5 * (gap + 4.0 * learnability)}[cfg.signal]
+    return EnvRegret(r_u, r_h, regret, feasible, reward, learnability, cfg.signal)
 
 
 def design_reward(status: DesignStatus, regret: EnvRegret | None, cfg: RegretConfig,

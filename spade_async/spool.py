@@ -34,9 +34,10 @@ from spade_async.logs import get_logger
 
 log = get_logger("spool")
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 ROLES = ("agent", "designer")
 Role = Literal["agent", "designer"]
+MOVES = ("", "write", "edit")  # a designer sample's move; "" for the agent
 
 BATCH_SCHEMA = pa.schema(
     [
@@ -53,9 +54,16 @@ BATCH_SCHEMA = pa.schema(
         pa.field("episode_id", pa.string(), nullable=False),
         pa.field("hinted", pa.bool_(), nullable=False),
         pa.field("created_at", pa.timestamp("us", tz="UTC"), nullable=False),
+        # v2: the designer's move, and for a sample decoded under a choice constraint the
+        # token ids the constraint allowed at each sampled (mask 1) token, in order; null for
+        # free decoding (see spade_async/constrained.py).
+        pa.field("move", pa.string(), nullable=False),
+        pa.field("allowed_tokens", pa.list_(pa.list_(pa.int32())), nullable=True),
     ],
     metadata={"schema_version": str(SCHEMA_VERSION)},
 )
+
+BATCH_V1_SCHEMA = pa.schema(list(BATCH_SCHEMA)[:-2], metadata={"schema_version": "1"})
 
 _ROWS_PER_RECORD_BATCH = 256
 _INT32_MAX = 2**31 - 1
@@ -103,6 +111,8 @@ class Sample:
     episode_id: str = ""
     hinted: bool = False
     created_at: datetime = field(default_factory=_utcnow)
+    move: str = ""
+    allowed_tokens: Sequence[Sequence[int]] | None = None
 
     def validate(self) -> None:
         """Raise SampleError naming the first field that breaks the contract."""
@@ -176,6 +186,18 @@ def _checked_arrays(s: Sample) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         i = int(np.argmax(nonzero))
         raise bad("behaviour_logprobs", f"must be 0 where loss_mask is 0, got {logprobs[i]} "
                   f"at position {i}")
+    if s.move not in MOVES:
+        raise bad("move", f"must be one of {MOVES}, got {s.move!r}")
+    if s.allowed_tokens is not None:
+        n_sampled = int(sampled.sum())
+        if len(s.allowed_tokens) != n_sampled:
+            raise bad("allowed_tokens", f"has {len(s.allowed_tokens)} sets for {n_sampled} "
+                      "sampled tokens")
+        for k, (pos, allowed) in enumerate(zip(np.flatnonzero(sampled), s.allowed_tokens,
+                                               strict=True)):
+            if int(tokens[pos]) not in allowed:
+                raise bad("allowed_tokens", f"set {k} does not hold the sampled token "
+                          f"{int(tokens[pos])} at position {int(pos)}")
     return tokens.astype(np.int32), mask.astype(np.int8), lp32
 
 
@@ -215,8 +237,24 @@ def samples_to_table(seq: int, samples: Sequence[Sample]) -> pa.Table:
         pa.array([s.episode_id for s in samples], pa.string()),
         pa.array([bool(s.hinted) for s in samples], pa.bool_()),
         pa.array([s.created_at for s in samples], pa.timestamp("us", tz="UTC")),
+        pa.array([s.move for s in samples], pa.string()),
+        pa.array([None if s.allowed_tokens is None else [list(map(int, a))
+                                                          for a in s.allowed_tokens]
+                  for s in samples], pa.list_(pa.list_(pa.int32()))),
     ]
     return pa.Table.from_arrays(columns, schema=BATCH_SCHEMA)
+
+
+def _upgrade_v1(table: pa.Table) -> pa.Table:
+    """A v1 batch (written before moves and constraints existed) read as v2: every sample
+    free-decoded, designer samples written by the write move."""
+    n = table.num_rows
+    moves = pa.array(["write" if r == "designer" else "" for r in table["role"].to_pylist()],
+                     pa.string())
+    table = table.append_column(BATCH_SCHEMA.field("move"), moves)
+    table = table.append_column(BATCH_SCHEMA.field("allowed_tokens"),
+                                pa.nulls(n, pa.list_(pa.list_(pa.int32()))))
+    return table.replace_schema_metadata(BATCH_SCHEMA.metadata)
 
 
 @dataclass(frozen=True)
@@ -481,21 +519,25 @@ class FileSpool(BatchSpool):
             raise SpoolError(f"{path}: not a readable batch: {exc}") from None
         finally:
             source.close()
-        return Batch(seq=seq, table=table, schema_version=self._check_schema(path, seq, table))
+        version = self._check_schema(path, seq, table)
+        if version == 1:
+            table = _upgrade_v1(table)
+        return Batch(seq=seq, table=table, schema_version=version)
 
     def _check_schema(self, path: Path, seq: int, table: pa.Table) -> int:
         meta = table.schema.metadata or {}
         version = meta.get(b"schema_version", b"?").decode()
-        if version != str(SCHEMA_VERSION):
+        if version not in ("1", str(SCHEMA_VERSION)):
             raise SpoolError(
                 f"{path}: batch schema_version {version}, this reader knows {SCHEMA_VERSION}"
-            )
-        if not table.schema.equals(BATCH_SCHEMA, check_metadata=False):
-            raise SpoolError(f"{path}: columns differ from the batch schema v{SCHEMA_VERSION}")
+                " (and reads 1)")
+        expected = BATCH_V1_SCHEMA if version == "1" else BATCH_SCHEMA
+        if not table.schema.equals(expected, check_metadata=False):
+            raise SpoolError(f"{path}: columns differ from the batch schema v{version}")
         seqs = table["seq"]
         if len(seqs) and (pc.min(seqs).as_py(), pc.max(seqs).as_py()) != (seq, seq):
             raise SpoolError(f"{path}: rows carry another sequence number than {seq}")
-        return SCHEMA_VERSION
+        return int(version)
 
     def _missing(self, seq: int) -> None:
         """Batch seq is not there: not yet written (normal), collected, or lost (a gap)."""

@@ -1,4 +1,4 @@
-"""`spade memory ...` end to end: the 16 seed environments added through the real sandbox and
+"""`spade memory ...` end to end: the 18 seed environments added through the real sandbox and
 the real MiniLM embedder, then search / list / show / stats / export, with and without --json;
 and `spade bench memory` on a small synthetic set. The commands are mounted on a throwaway typer
 app exactly as spade_async/cli.py mounts them."""
@@ -58,12 +58,12 @@ def memory_cli(tmp_path_factory):
 
 
 def test_seed_environments_are_added_through_the_sandbox(memory_cli):
-    assert len(SEEDS) == 16
+    assert len(SEEDS) == 18
     res = memory_cli.added
     out = json.loads(res.stdout)
-    assert [o["status"] for o in out] == ["accepted"] * 16, [o["reason"] for o in out]
+    assert [o["status"] for o in out] == ["accepted"] * 18, [o["reason"] for o in out]
     assert all(o["validation"] and not o["existed"] for o in out)
-    assert "validating 16 file(s) in the sandbox" in res.stderr
+    assert "validating 18 file(s) in the sandbox" in res.stderr
 
     again = memory_cli("memory", "add", str(SEEDS[0]))
     assert "already stored as accepted" in again.stdout
@@ -85,7 +85,7 @@ def test_search_list_show_stats_export(memory_cli):
     assert "calendar_booking" in text and "MMR" in text
 
     listed = json.loads(memory_cli("memory", "list", "--limit", "50", "--json").stdout)
-    assert len(listed) == 17 and {r["status"] for r in listed} == {"accepted", "rejected"}
+    assert len(listed) == 19 and {r["status"] for r in listed} == {"accepted", "rejected"}
     assert listed[0]["name"] == "broken"  # newest first
     accepted = json.loads(memory_cli("memory", "list", "--status", "accepted", "--sort", "regret",
                                      "--limit", "5", "--json").stdout)
@@ -102,18 +102,18 @@ def test_search_list_show_stats_export(memory_cli):
     assert "no environment" in memory_cli("memory", "show", "ffffffffffffffff", code=1).stderr
 
     stats = json.loads(memory_cli("memory", "stats", "--json").stdout)
-    assert stats["counts"] == {"accepted": 16, "rejected": 1, "total": 17}
+    assert stats["counts"] == {"accepted": 18, "rejected": 1, "total": 19}
     assert stats["reasons"] == {"hint": 1}
     d = stats["diversity"]["mean_pairwise_cosine_distance"]
-    assert stats["diversity"]["n"] == 16 and 0.3 < d < 1.2
+    assert stats["diversity"]["n"] == 18 and 0.3 < d < 1.2
     assert "mean pairwise cosine distance" in memory_cli("memory", "stats").stdout
 
     path = memory_cli.base / "export.jsonl"
     res = memory_cli("memory", "export", str(path), "--json")
-    assert json.loads(res.stdout) == {"path": str(path), "rows": 17}
+    assert json.loads(res.stdout) == {"path": str(path), "rows": 19}
     rows = [json.loads(line) for line in path.read_text().splitlines()]
-    assert len(rows) == 17 and all("code" in r and "stats" in r for r in rows)
-    assert "wrote 17 environments" in memory_cli("memory", "export", str(path)).stdout
+    assert len(rows) == 19 and all("code" in r and "stats" in r for r in rows)
+    assert "wrote 19 environments" in memory_cli("memory", "export", str(path)).stdout
 
 
 def test_missing_memory_and_bad_config_are_clear_errors(tmp_path):

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from spade_async.cli import app
 from spade_async.config import SandboxConfig
-from spade_async.envs.validate import validate
+from spade_async.envs.validate import ALL_CHECKS, validate
 from spade_async.sandbox.runtime import Sandbox
 
 SEEDS_DIR = Path(__file__).resolve().parents[1] / "spade_async" / "envs" / "seeds"
@@ -164,6 +164,8 @@ async def test_progress_orders_designs_by_how_far_they_got(sandbox):
     p = {k: r.progress for k, r in reports.items()}
     assert reports["early"].failures[0].name == "static.parse"
     assert reports["late"].failures[0].name == "static.parse"
-    # Nothing before the first line: only static.size passed (1 of 12 checks).
-    assert p["early"] == pytest.approx(1 / 12)
-    assert p["early"] < p["late"] < 2 / 12 < p["import"] < p["good"] == 1.0
+    # Nothing before the first line: only static.size passed (1 of 13 checks).
+    n_checks = len(ALL_CHECKS)
+    assert n_checks == 13
+    assert p["early"] == pytest.approx(1 / n_checks)
+    assert p["early"] < p["late"] < 2 / n_checks < p["import"] < p["good"] == 1.0

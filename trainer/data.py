@@ -30,6 +30,11 @@ class TrainSample:
     advantage: float
     weight: float
     staleness: int
+    move: str = ""
+    # Per trained token (in order), the ids a choice constraint allowed when it was sampled;
+    # None for free decoding. The trainer renormalises its log-prob over them (see
+    # spade_async/constrained.py for why).
+    allowed: list[np.ndarray] | None = None
 
     @property
     def length(self) -> int:
@@ -67,6 +72,7 @@ def select_samples(batch: Batch, *, current_version: int, max_staleness: int,
     sel = Selection([])
     ids, roles = t["sample_id"].to_pylist(), t["role"].to_pylist()
     versions, advantages = t["policy_version"].to_pylist(), t["advantage"].to_pylist()
+    moves, allowed_col = t["move"].to_pylist(), t["allowed_tokens"]
     for i in range(t.num_rows):
         lo, hi = int(offsets[i]), int(offsets[i + 1])
         # A sample from a version newer than ours can only come from a previous run's
@@ -80,10 +86,12 @@ def select_samples(batch: Batch, *, current_version: int, max_staleness: int,
             sel.dropped[f"zero_weight_{roles[i]}"] += 1
             continue
         mask = masks[lo:hi].astype(bool)
+        allowed = allowed_col[i].as_py()
         if mask[0]:
             sel.dropped["first_token_masked"] += 1  # a token, not the sample
             mask = mask.copy()
             mask[0] = False
+            allowed = allowed[1:] if allowed is not None else None
         if not mask.any():
             sel.dropped["no_trainable_token"] += 1
             continue
@@ -92,6 +100,8 @@ def select_samples(batch: Batch, *, current_version: int, max_staleness: int,
             token_ids=tokens[lo:hi].astype(np.int64), loss_mask=mask,
             behaviour_logprobs=logprobs[lo:hi].astype(np.float32),
             advantage=float(advantages[i]), weight=weight, staleness=staleness,
+            move=moves[i] or "",
+            allowed=None if allowed is None else [np.asarray(a, np.int64) for a in allowed],
         ))
     return sel
 
@@ -134,6 +144,11 @@ class MicroBatch:
     advantages: torch.Tensor  # float32 [N]
     weights: torch.Tensor  # float32 [N]
     staleness: torch.Tensor  # float32 [N]
+    # A choice constraint's allowed ids as (index into the N tokens, token id) pairs; a token
+    # with pairs is scored under the constrained distribution. Empty: no constrained token.
+    allowed_pos: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
+    allowed_tok: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
+    edit: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.bool))  # [N]
 
     @property
     def num_tokens(self) -> int:
@@ -146,7 +161,7 @@ class MicroBatch:
     def to(self, device: torch.device) -> MicroBatch:
         return MicroBatch(*(t.to(device) for t in (
             self.input_ids, self.target_mask, self.behaviour_logprobs, self.advantages,
-            self.weights, self.staleness)))
+            self.weights, self.staleness, self.allowed_pos, self.allowed_tok, self.edit)))
 
 
 def collate(rows: list[TrainSample], pad_id: int = 0) -> MicroBatch:
@@ -161,10 +176,24 @@ def collate(rows: list[TrainSample], pad_id: int = 0) -> MicroBatch:
     mask = torch.zeros((len(rows), width), dtype=torch.bool)
     beh = torch.zeros((len(rows), width))
     adv, wts, stale = (torch.zeros((len(rows), width)) for _ in range(3))
+    edit = torch.zeros((len(rows), width), dtype=torch.bool)
+    pos_parts, tok_parts = [], []
+    start = 0  # index of the row's first trained token in the flat [N] order
     for i, r in enumerate(rows):
         n = r.length
         ids[i, :n] = torch.from_numpy(r.token_ids)
         mask[i, :n] = torch.from_numpy(r.loss_mask)
         beh[i, :n] = torch.from_numpy(r.behaviour_logprobs)
         adv[i, :n], wts[i, :n], stale[i, :n] = r.advantage, r.weight, float(r.staleness)
-    return MicroBatch(ids, mask, beh[mask], adv[mask], wts[mask], stale[mask])
+        edit[i, :n] = r.move == "edit"
+        if r.allowed is not None:
+            for k, allowed in enumerate(r.allowed):
+                pos_parts.append(np.full(len(allowed), start + k, dtype=np.int64))
+                tok_parts.append(allowed)
+        start += r.trained_tokens
+    allowed_pos = torch.from_numpy(np.concatenate(pos_parts)) if pos_parts else torch.zeros(
+        0, dtype=torch.long)
+    allowed_tok = torch.from_numpy(np.concatenate(tok_parts)) if tok_parts else torch.zeros(
+        0, dtype=torch.long)
+    return MicroBatch(ids, mask, beh[mask], adv[mask], wts[mask], stale[mask], allowed_pos,
+                      allowed_tok, edit[mask])

@@ -155,12 +155,16 @@ class StepRunner:
                     with torch.no_grad():
                         ref_model = self.ref if self.ref is not None else self.model
                         ref_lp = ref_model(mb.input_ids, mb.target_mask,
+                                           allowed_pos=mb.allowed_pos,
+                                           allowed_tok=mb.allowed_tok,
                                            **({} if self.ref is not None else
                                               {"use_adapter": False}))[0]
-                logprobs, entropy = self.model(mb.input_ids, mb.target_mask)
+                logprobs, entropy = self.model(mb.input_ids, mb.target_mask,
+                                               allowed_pos=mb.allowed_pos,
+                                               allowed_tok=mb.allowed_tok)
                 loss, m = policy_loss(logprobs, mb.behaviour_logprobs, mb.advantages,
                                       mb.weights, mb.staleness, entropy, ref_lp,
-                                      normaliser=normaliser, cfg=self.loss_cfg)
+                                      normaliser=normaliser, cfg=self.loss_cfg, edit=mb.edit)
                 # DDP and FSDP2 average gradients over ranks; the loss is a sum over this
                 # rank's tokens / all tokens, so scaling by the world size makes the average
                 # the gradient of the global token mean.

@@ -14,7 +14,8 @@ import torch
 
 # Metric sums that add up over micro-batches and ranks, then become means over `tokens`.
 SUM_KEYS = ("tokens", "loss", "pg_loss", "kl", "clipped", "ratio", "entropy", "staleness",
-            "logprob_diff", "logprob_abs_diff", "weight")
+            "logprob_diff", "logprob_abs_diff", "weight", "edit_tokens",
+            "edit_logprob_abs_diff")
 MIN_KEYS = ("ratio_min",)
 MAX_KEYS = ("ratio_max", "staleness_max", "logprob_abs_diff_max")
 
@@ -37,6 +38,7 @@ def policy_loss(
     *,
     normaliser: float,
     cfg: LossConfig,
+    edit: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Token-level clipped policy gradient (PPO surrogate against the behaviour policy).
 
@@ -48,6 +50,8 @@ def policy_loss(
     entropy             [N] entropy of pi_theta at each position (no grad; metrics)
     ref_logprobs        [N] log pi_ref (the base model), or None when kl_coef is 0
     normaliser          trained tokens in the whole optimizer step
+    edit                [N] bool: the token belongs to an edit-move sample (metrics: its own
+                        train/inference mismatch, scored under the choice constraint)
     Returns the loss to back-propagate (already / normaliser) and metric sums (no grad).
     """
     # 1. Importance ratio pi_theta / mu per token. The samples were drawn by the inference
@@ -82,6 +86,8 @@ def policy_loss(
             (ratio < 1.0 - cfg.clip_eps_low) & (advantages < 0)
         )
         abs_diff = log_ratio.abs()
+        edit_mask = edit if edit is not None and edit.numel() else torch.zeros_like(
+            abs_diff, dtype=torch.bool)
         n = logprobs.numel()
         empty = n == 0
         metrics = {
@@ -97,6 +103,8 @@ def policy_loss(
             "logprob_diff": log_ratio.detach().sum(),
             "logprob_abs_diff": abs_diff.detach().sum(),
             "weight": weights.sum(),
+            "edit_tokens": edit_mask.sum().float(),
+            "edit_logprob_abs_diff": abs_diff.detach()[edit_mask].sum(),
             "ratio_min": ratio.detach().min() if not empty else torch.tensor(float("inf")),
             "ratio_max": ratio.detach().max() if not empty else torch.tensor(float("-inf")),
             "staleness_max": staleness.float().max() if not empty else torch.tensor(0.0),
@@ -155,4 +163,10 @@ class StepMetrics:
             "logprob_diff_mean": self.sums["logprob_diff"] / n,
             "logprob_abs_diff_mean": self.sums["logprob_abs_diff"] / n,
             "logprob_abs_diff_max": self.maxs["logprob_abs_diff_max"],
+            # the edit move's tokens alone (scored under their choice constraint): None
+            # when the step had none
+            "edit_tokens": int(self.sums["edit_tokens"]),
+            "edit_logprob_abs_diff_mean": (self.sums["edit_logprob_abs_diff"]
+                                           / self.sums["edit_tokens"]
+                                           if self.sums["edit_tokens"] else None),
         }

@@ -23,6 +23,20 @@ from spade_async.endpoints.cpu_profile import CpuInfo, choose_dtype, effective_d
 WEIGHT_FILES = ("*.safetensors", "*.bin", "*.pt", "*.index.json")
 
 
+def constrained_lse(logits: torch.Tensor, lse: torch.Tensor, allowed_pos: torch.Tensor,
+                    allowed_tok: torch.Tensor) -> torch.Tensor:
+    """`lse` with the entries of constrained positions replaced by the log-sum-exp over their
+    allowed ids only (differentiable: the constrained policy's normaliser moves with theta)."""
+    vals = logits[allowed_pos, allowed_tok]  # [M]
+    peak = torch.full_like(lse, -torch.inf).scatter_reduce(
+        0, allowed_pos, vals.detach(), reduce="amax")
+    total = torch.zeros_like(lse).index_add(0, allowed_pos, torch.exp(vals - peak[allowed_pos]))
+    constrained = torch.zeros_like(lse, dtype=torch.bool)
+    constrained[allowed_pos] = True
+    safe_total = torch.where(constrained, total, torch.ones_like(total))
+    return torch.where(constrained, peak + torch.log(safe_total), lse)
+
+
 class PolicyModel(nn.Module):
     def __init__(self, lm: nn.Module, *, temperature: float = 1.0, lora: bool) -> None:
         super().__init__()
@@ -34,9 +48,13 @@ class PolicyModel(nn.Module):
         return self.lm.get_base_model() if self.lora else self.lm
 
     def forward(self, input_ids: torch.Tensor, target_mask: torch.Tensor,
-                use_adapter: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+                use_adapter: bool = True, allowed_pos: torch.Tensor | None = None,
+                allowed_tok: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(log-probs [N], entropy [N]) of the tokens where `target_mask` is set (N of them,
-        row-major); `use_adapter=False` scores with the base weights (the LoRA reference)."""
+        row-major); `use_adapter=False` scores with the base weights (the LoRA reference).
+        A token that was sampled under a choice constraint (pairs (n, id) in `allowed_pos`,
+        `allowed_tok`) is scored under the constrained distribution, renormalised over its
+        allowed ids, as the server reported its behaviour log-prob."""
         hf = self._hf()
         off = self.lm.disable_adapter() if (self.lora and not use_adapter) else (
             contextlib.nullcontext())
@@ -47,10 +65,12 @@ class PolicyModel(nn.Module):
             logits = hf.get_output_embeddings()(h).float() / self.temperature
         targets = input_ids[:, 1:][picked]
         lse = torch.logsumexp(logits, dim=-1)
-        logprobs = logits.gather(-1, targets[:, None]).squeeze(-1) - lse
         with torch.no_grad():
             probs = torch.softmax(logits, dim=-1)
             entropy = lse - (probs * logits).sum(-1)
+        if allowed_pos is not None and allowed_pos.numel():
+            lse = constrained_lse(logits, lse, allowed_pos, allowed_tok)
+        logprobs = logits.gather(-1, targets[:, None]).squeeze(-1) - lse
         return logprobs, entropy
 
     def decoder_layers(self) -> list[nn.Module]:

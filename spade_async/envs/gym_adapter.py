@@ -3,7 +3,8 @@
 The environment's code never runs in this process: a background thread holds an anyio event
 loop (a blocking portal) with a one-slot `Sandbox`, and every gymnasium call is forwarded to the
 sandboxed session. Observations longer than `max_obs_chars` are cut; the action space samples
-plain text (tool calls are the canonical JSON text of `contract.tool_call_action`).
+plain text (tool calls are the canonical JSON text of `contract.tool_call_action`). gymnasium's
+reset `options` carry the environment's difficulty knobs.
 """
 
 from __future__ import annotations
@@ -76,9 +77,11 @@ class SpadeGymEnv(gym.Env):
         return "".join(c if c in CHARSET else "\ufffd" for c in s[: self.max_obs_chars])
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        """`options` are the environment's knobs (`Environment.params`): missing ones take their
+        defaults, a bad one raises `ContractError` (a ValueError) naming it."""
         super().reset(seed=seed)
         episode_seed = int(self.np_random.integers(0, 2**31 - 1))
-        res = self._portal.call(self._session.reset, episode_seed)
+        res = self._portal.call(self._session.reset, episode_seed, options)
         return self._text(res.observation), dict(res.info, episode_seed=episode_seed)
 
     def step(self, action: str):

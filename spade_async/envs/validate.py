@@ -1,9 +1,13 @@
 """The validation pipeline of DESIGN §3: static checks, then sandboxed checks, each with a stored,
 human-readable reason. It judges code; it never runs it outside the sandbox.
 
-Order: static (parse, size, imports, names, class shape) -> load -> determinism -> hint ->
-probe policies (types and ranges, termination within max_turns, not trivially exploitable) ->
-solution replay. A check that cannot run because an earlier one failed is reported as skipped.
+Order: static (parse, size, imports, names, class shape, params schema) -> load -> determinism ->
+hint -> probe policies (types and ranges, termination within max_turns, not trivially exploitable)
+-> solution replay. A check that cannot run because an earlier one failed is reported as skipped.
+
+An environment with difficulty knobs (`params`) runs the sandboxed checks at every point of
+`extreme_points` (the defaults, then each knob at its ends), or only at a proposed variant's
+params when one is given; a check fails if it fails at any point, and its reason names the point.
 """
 
 from __future__ import annotations
@@ -21,8 +25,12 @@ from spade_async.config import SandboxConfig, ValidationConfig
 from spade_async.envs.contract import (
     ALLOWED_IMPORTS,
     REQUIRED_METHODS,
+    ContractError,
     EnvMeta,
+    check_params_schema,
     episode_score,
+    extreme_points,
+    resolve_params,
 )
 from spade_async.sandbox.runtime import EnvSession, Sandbox, SandboxError, WorkerStartError
 
@@ -56,7 +64,8 @@ class ValidationReport:
     checks: tuple[Check, ...]
     meta: EnvMeta | None = None
     seconds: float = 0.0
-    probe_scores: dict[str, float] = field(default_factory=dict)
+    probe_scores: dict[str, float] = field(default_factory=dict)  # worst over seeds and points
+    points: tuple[dict[str, Any], ...] = ()  # the knob settings the sandboxed checks ran at
 
     @property
     def progress(self) -> float:
@@ -85,11 +94,12 @@ class ValidationReport:
             "meta": None if self.meta is None else asdict(self.meta),
             "checks": [asdict(c) for c in self.checks],
             "probe_scores": self.probe_scores,
+            "points": [dict(p) for p in self.points],
         }
 
 
 STATIC_CHECKS = ("static.size", "static.parse", "static.imports", "static.names",
-                 "static.class")
+                 "static.class", "static.params")
 SANDBOXED_CHECKS = ("load", "determinism", "hint", "types", "termination", "not_exploitable",
                     "solution")
 ALL_CHECKS = STATIC_CHECKS + SANDBOXED_CHECKS
@@ -97,7 +107,7 @@ ALL_CHECKS = STATIC_CHECKS + SANDBOXED_CHECKS
 # ---- static ------------------------------------------------------------------------------
 
 
-def static_checks(code: str, max_bytes: int) -> list[Check]:
+def static_checks(code: str, max_bytes: int, params: dict[str, Any] | None = None) -> list[Check]:
     checks: list[Check] = []
     size = len(code.encode())
     checks.append(Check("static.size", size <= max_bytes,
@@ -149,7 +159,56 @@ def static_checks(code: str, max_bytes: int) -> list[Check]:
         missing = [m for m in REQUIRED_METHODS if m not in methods]
         checks.append(Check("static.class", not missing, "" if not missing else
                             f"Environment lacks {', '.join(m + '()' for m in missing)}"))
+    checks.append(_static_params(classes[0] if classes else None, params))
     return checks
+
+
+_COMPUTED = object()
+
+
+def _declared_params(cls: ast.ClassDef | None) -> Any:
+    """The class body's `params = {...}` as a value: None when there is none, _COMPUTED when it
+    is not a literal (then only the loaded environment can tell)."""
+    value = None
+    for node in cls.body if cls is not None else ():
+        targets = node.targets if isinstance(node, ast.Assign) else (
+            [node.target] if isinstance(node, ast.AnnAssign) and node.value is not None else [])
+        if any(isinstance(t, ast.Name) and t.id == "params" for t in targets):
+            value = node.value
+    if value is None:
+        return None
+    try:
+        return ast.literal_eval(value)
+    except Exception:  # any non-literal (or absurdly nested) expression
+        return _COMPUTED
+
+
+def _static_params(cls: ast.ClassDef | None, params: dict[str, Any] | None) -> Check:
+    """The knobs' schema, and a proposed variant's values against it, before anything runs.
+    The loaded environment's own `params` is checked again after load (it may be computed)."""
+    raw = _declared_params(cls)
+    if raw is _COMPUTED:
+        return Check("static.params", True, "params is not a literal: checked after load")
+    try:
+        specs = check_params_schema(raw)
+    except ContractError as exc:
+        return Check("static.params", False, str(exc))
+    if params is not None and (specs or raw is not None):
+        try:
+            resolve_params(specs, params)
+        except ContractError as exc:
+            return Check("static.params", False, _variant_reason(params, exc))
+    return Check("static.params", True, ", ".join(s.name for s in specs))
+
+
+def _variant_reason(params: Any, exc: ContractError) -> str:
+    text = json.dumps(params, ensure_ascii=False, default=repr)
+    return f"the proposed params {text[:200]} do not fit the environment: {exc}"
+
+
+def _point_label(point: dict[str, Any]) -> str:
+    text = json.dumps(point, ensure_ascii=False)
+    return text if len(text) <= 300 else text[:297] + "..."
 
 
 # ---- sandboxed ---------------------------------------------------------------------------
@@ -167,10 +226,10 @@ def _wrong_answer(solution: list[str]) -> str | None:
     return last + " not"
 
 
-async def _play(env: EnvSession, seed: int, actions: list[str] | str, max_turns: int,
-                ) -> tuple[float, bool, int]:
+async def _play(env: EnvSession, seed: int, params: dict[str, Any], actions: list[str] | str,
+                max_turns: int) -> tuple[float, bool, int]:
     """Reset, then play `actions` (or repeat one action) until done; (score, ended, turns)."""
-    await env.reset(seed)
+    await env.reset(seed, params)
     rewards: list[float] = []
     ended = False
     turns = 0
@@ -187,11 +246,16 @@ async def _play(env: EnvSession, seed: int, actions: list[str] | str, max_turns:
 
 
 async def validate(code: str, sandbox: Sandbox, vcfg: ValidationConfig | None = None,
-                   scfg: SandboxConfig | None = None) -> ValidationReport:
+                   scfg: SandboxConfig | None = None, *,
+                   params: dict[str, Any] | None = None) -> ValidationReport:
+    """Validate `code`. Without `params`, an environment with knobs is checked at every point
+    of `extreme_points` (all seeds at the defaults, `vcfg.extreme_seeds` of them at the other
+    points); with `params` (a variant an edit proposed), only there, after the defaults are
+    filled in. A variant that does not fit the knobs fails `static.params`; nothing raises."""
     vcfg = vcfg or ValidationConfig()
     scfg = scfg or sandbox.cfg
     t0 = time.perf_counter()
-    checks = static_checks(code, scfg.max_code_bytes)
+    checks = static_checks(code, scfg.max_code_bytes, params)
     if any(c.passed is False for c in checks):
         checks += [Check(n, None, "static checks failed") for n in SANDBOXED_CHECKS]
         return ValidationReport(False, tuple(checks), seconds=time.perf_counter() - t0)
@@ -199,103 +263,154 @@ async def validate(code: str, sandbox: Sandbox, vcfg: ValidationConfig | None = 
     meta: EnvMeta | None = None
     probe_scores: dict[str, float] = {}
     results: dict[str, Check] = {}
-
-    def record(name: str, passed: bool, reason: str = "") -> None:
-        results[name] = Check(name, passed, reason)
+    ran: list[dict[str, Any]] = []
+    at_params = next(i for i, c in enumerate(checks) if c.name == "static.params")
 
     try:
         async with sandbox.open(code) as env:
             meta = env.meta
-            record("load", True)
+            results["load"] = Check("load", True)
             try:
-                seeds = vcfg.seeds
-                # determinism
-                # Hidden state counts too: the hint and the solution reveal it.
-                async def episode_start(seed: int) -> tuple:
-                    first = await env.reset(seed)
-                    sol = await env.solution() if meta.has_solution else None
-                    return first.observation, first.info, await env.hint(), sol
-
-                diffs = []
-                for seed in seeds:
-                    a, b = await episode_start(seed), await episode_start(seed)
-                    if a != b:
-                        what = [w for w, x, y in zip(("observation", "info", "hint", "solution"),
-                                                     a, b, strict=True) if x != y]
-                        diffs.append(f"reset({seed}) twice gave a different {' and '.join(what)}")
-                        break
-                record("determinism", not diffs, "" if not diffs else
-                       diffs[0] + " (seed the environment's random.Random(seed), not the global "
-                       "random module or the clock)")
-                # hint
-                empty = []
-                for seed in seeds:
-                    await env.reset(seed)
-                    if not (await env.hint()).strip():
-                        empty.append(seed)
-                record("hint", not empty, "" if not empty else
-                       f"hint() is empty after reset({empty[0]})")
-                # probes: types/ranges, termination, exploitability
-                solution = None
-                if meta.has_solution:
-                    await env.reset(seeds[0])
-                    solution = await env.solution()
-                probes = list(PROBES)
-                rng = random.Random(0)
-                probes.append("".join(rng.choice(string.printable) for _ in range(40)))
-                wrong = _wrong_answer(solution or [])
-                if wrong is not None and wrong not in probes:
-                    probes.append(wrong)
-                no_end: list[str] = []
-                exploit: list[str] = []
-                for probe in probes:
-                    worst = 0.0
-                    for seed in seeds:
-                        score, ended, _ = await _play(env, seed, probe, meta.max_turns)
-                        worst = max(worst, score)
-                        if not ended and probe not in no_end:
-                            no_end.append(probe)
-                    probe_scores[probe] = worst
-                    if worst >= vcfg.exploit_threshold:
-                        exploit.append(probe)
-                record("types", True)
-                record("termination", not no_end, "" if not no_end else
-                       f"the episode did not end within max_turns={meta.max_turns} under the "
-                       f"probe action {no_end[0]!r} (step must return terminated or truncated)")
-                record("not_exploitable", not exploit, "" if not exploit else
-                       f"the constant action {exploit[0]!r} scores {probe_scores[exploit[0]]:.2f} "
-                       f">= {vcfg.exploit_threshold} (the reward pays without solving)")
-                # solution replay
-                if not meta.has_solution:
-                    record("solution", True, "no solution() to replay")
-                else:
-                    short = []
-                    for seed in seeds:
-                        await env.reset(seed)
-                        actions = await env.solution()
-                        score, _, _ = await _play(env, seed, actions, meta.max_turns)
-                        if score < vcfg.solution_score - 1e-9:
-                            short.append((seed, score, len(actions)))
-                    record("solution", not short, "" if not short else
-                           f"replaying solution() for seed {short[0][0]} ({short[0][2]} actions) "
-                           f"scores {short[0][1]:.2f}, not {vcfg.solution_score:g}: the verifier "
-                           "or the solution is broken")
-            except SandboxError as exc:
-                _record_failure(results, exc)
+                points = ([resolve_params(meta.params, params)] if params is not None
+                          else extreme_points(meta.params))
+            except ContractError as exc:  # the knobs are computed: only now can we tell
+                checks[at_params] = Check("static.params", False, _variant_reason(params, exc))
+                points = []
+            per_point: list[dict[str, Check]] = []
+            for i, point in enumerate(points):
+                seeds = vcfg.seeds if i == 0 else vcfg.seeds[: vcfg.extreme_seeds]
+                found: dict[str, Check] = {}
+                per_point.append(found)
+                ran.append(point)
+                try:
+                    await _check_point(env, meta, point, seeds, vcfg, found, probe_scores)
+                except SandboxError as exc:
+                    _record_failure(found, exc)
+                    break  # the worker may be dead: the remaining points are not run
+            results |= _merge_points(points, per_point, labelled=bool(meta.params))
     except WorkerStartError:
         raise  # the host failed, not the environment: no verdict (the caller may retry)
     except SandboxError as exc:
         if "load" not in results:
             results["load"] = Check("load", False, str(exc) + _tb(exc))
-        else:
+        else:  # raised outside a point's checks (tearing the session down)
             _record_failure(results, exc)
 
+    skipped = ("not run: the params do not fit the environment"
+               if checks[at_params].passed is False else "not run: an earlier check failed")
     for name in SANDBOXED_CHECKS:
         if name not in results:
-            results[name] = Check(name, None, "not run: an earlier check failed")
+            results[name] = Check(name, None, skipped)
     checks += [results[n] for n in SANDBOXED_CHECKS]
-    accepted = all(c.passed is not False for c in checks) and results["load"].passed is True
-    return ValidationReport(accepted, tuple(checks), meta, time.perf_counter() - t0, probe_scores)
+    accepted = all(c.passed is not False for c in checks) and all(
+        results[n].passed is True for n in SANDBOXED_CHECKS)
+    return ValidationReport(accepted, tuple(checks), meta, time.perf_counter() - t0, probe_scores,
+                            tuple(ran))
+
+
+async def _check_point(env: EnvSession, meta: EnvMeta, point: dict[str, Any], seeds: list[int],
+                       vcfg: ValidationConfig, results: dict[str, Check],
+                       probe_scores: dict[str, float]) -> None:
+    """The sandboxed checks at one knob setting, recorded into `results` as they finish; a
+    SandboxError propagates with the earlier checks recorded (the caller fails the next one)."""
+
+    def record(name: str, passed: bool, reason: str = "") -> None:
+        results[name] = Check(name, passed, reason)
+
+    # determinism. Hidden state counts too: the hint and the solution reveal it.
+    async def episode_start(seed: int) -> tuple:
+        first = await env.reset(seed, point)
+        sol = await env.solution() if meta.has_solution else None
+        return first.observation, first.info, await env.hint(), sol
+
+    diffs = []
+    for seed in seeds:
+        a, b = await episode_start(seed), await episode_start(seed)
+        if a != b:
+            what = [w for w, x, y in zip(("observation", "info", "hint", "solution"),
+                                         a, b, strict=True) if x != y]
+            diffs.append(f"reset({seed}) twice gave a different {' and '.join(what)}")
+            break
+    record("determinism", not diffs, "" if not diffs else
+           diffs[0] + " (seed the environment's random.Random(seed), not the global "
+           "random module or the clock)")
+    # hint
+    empty = []
+    for seed in seeds:
+        await env.reset(seed, point)
+        if not (await env.hint()).strip():
+            empty.append(seed)
+    record("hint", not empty, "" if not empty else f"hint() is empty after reset({empty[0]})")
+    # probes: types/ranges, termination, exploitability
+    solution = None
+    if meta.has_solution:
+        await env.reset(seeds[0], point)
+        solution = await env.solution()
+    probes = list(PROBES)
+    rng = random.Random(0)
+    probes.append("".join(rng.choice(string.printable) for _ in range(40)))
+    wrong = _wrong_answer(solution or [])
+    if wrong is not None and wrong not in probes:
+        probes.append(wrong)
+    no_end: list[str] = []
+    exploit: list[tuple[str, float]] = []
+    for probe in probes:
+        worst = 0.0
+        for seed in seeds:
+            score, ended, _ = await _play(env, seed, point, probe, meta.max_turns)
+            worst = max(worst, score)
+            if not ended and probe not in no_end:
+                no_end.append(probe)
+        probe_scores[probe] = max(worst, probe_scores.get(probe, 0.0))
+        if worst >= vcfg.exploit_threshold:
+            exploit.append((probe, worst))
+    record("types", True)
+    record("termination", not no_end, "" if not no_end else
+           f"the episode did not end within max_turns={meta.max_turns} under the "
+           f"probe action {no_end[0]!r} (step must return terminated or truncated)")
+    record("not_exploitable", not exploit, "" if not exploit else
+           f"the constant action {exploit[0][0]!r} scores {exploit[0][1]:.2f} "
+           f">= {vcfg.exploit_threshold} (the reward pays without solving)")
+    # solution replay
+    if not meta.has_solution:
+        record("solution", True, "no solution() to replay")
+        return
+    short = []
+    for seed in seeds:
+        await env.reset(seed, point)
+        actions = await env.solution()
+        score, _, _ = await _play(env, seed, point, actions, meta.max_turns)
+        if score < vcfg.solution_score - 1e-9:
+            short.append((seed, score, len(actions)))
+    record("solution", not short, "" if not short else
+           f"replaying solution() for seed {short[0][0]} ({short[0][2]} actions) "
+           f"scores {short[0][1]:.2f}, not {vcfg.solution_score:g}: the verifier "
+           "or the solution is broken")
+
+
+def _merge_points(points: list[dict[str, Any]], per_point: list[dict[str, Check]],
+                  labelled: bool) -> dict[str, Check]:
+    """One verdict per check over all points: failed if it failed anywhere (the first such
+    point named, and the share of points it passed as partial credit), passed if it passed at
+    every point, else skipped (a sandbox failure stopped the run before it got there)."""
+    runs = per_point + [{}] * (len(points) - len(per_point))
+    out: dict[str, Check] = {}
+    for name in _STAGE_OF_FAILURE:
+        seen = [(p, r[name]) for p, r in zip(points, runs, strict=True) if name in r]
+        failed = [(p, c) for p, c in seen if c.passed is False]
+        if failed:
+            point, first = failed[0]
+            passes = sum(c.passed is True for _, c in seen)
+            where = f"at params {_point_label(point)}: " if labelled else ""
+            out[name] = Check(name, False, where + first.reason,
+                              credit=min(passes / len(points), 0.99))
+        elif seen and len(seen) == len(points):
+            out[name] = Check(name, True, seen[0][1].reason)
+        elif seen:
+            missing = next(p for p, r in zip(points, runs, strict=True) if name not in r)
+            out[name] = Check(name, None, f"not run at params {_point_label(missing)}: an "
+                              "earlier check failed")
+    return out
 
 
 _STAGE_OF_FAILURE = ("determinism", "hint", "types", "termination", "not_exploitable", "solution")

@@ -35,6 +35,7 @@ from spade_async.envs.contract import (
     check_meta,
     check_reset,
     check_step,
+    resolve_params,
 )
 from spade_async.logs import get_logger
 from spade_async.sandbox.cgroups import SlotCgroups
@@ -304,8 +305,16 @@ class EnvSession:
     async def _call(self, op: str, **fields: Any) -> Any:
         return await self.worker.call(op, self.cfg.call_timeout_s, **fields)
 
-    async def reset(self, seed: int) -> ResetResult:
-        return _checked(check_reset, await self._call("reset", seed=int(seed)), "reset")
+    async def reset(self, seed: int, params: dict[str, Any] | None = None) -> ResetResult:
+        """Start an episode. An environment with knobs always gets every knob's value
+        (`params` with the defaults filled in), so its reset never guesses a default; one
+        without knobs gets `reset(seed)` as before. A bad `params` is the caller's mistake, not
+        the environment's: it raises ContractError before the worker is asked anything."""
+        fields: dict[str, Any] = {"seed": int(seed)}
+        resolved = resolve_params(self.meta.params, params)
+        if self.meta.params:
+            fields["params"] = resolved
+        return _checked(check_reset, await self._call("reset", **fields), "reset")
 
     async def step(self, action: str) -> StepResult:
         return _checked(check_step, await self._call("step", action=str(action)), "step")

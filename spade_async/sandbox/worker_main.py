@@ -6,7 +6,9 @@ moves the protocol off stdout (fd 1 and 2 point at /dev/null, so a `print` canno
 response), then serves one JSON object per line on stdin/stdout:
 
     {"id": 1, "op": "load", "code": "..."}      -> {"id": 1, "ok": true, "result": {meta}}
+                                                   (meta["params"]: the raw knobs, {} if none)
     {"id": 2, "op": "reset", "seed": 0}         -> {"id": 2, "ok": true, "result": {...}}
+    {"id": 2, "op": "reset", "seed": 0, "params": {"digits": 4}}   (env.reset(0, {"digits": 4}))
     {"id": 3, "op": "step", "action": "..."}    ... "hint", "solution", "close"
     failures: {"id": n, "ok": false, "kind": "...", "error": "...", "traceback": "..."}
 
@@ -92,12 +94,14 @@ class _Session:
             raise TypeError("the module must define a class named Environment")
         self.env = cls()
         env = self.env
+        params = getattr(env, "params", None)
         return {
             "name": getattr(env, "name", None),
             "description": getattr(env, "description", None),
             "max_turns": getattr(env, "max_turns", 8),
             "tools": list(getattr(env, "tools", None) or []),
             "has_solution": callable(getattr(env, "solution", None)),
+            "params": {} if params is None else params,
         }
 
     def _need_env(self):
@@ -106,7 +110,15 @@ class _Session:
         return self.env
 
     def reset(self, req):
-        out = self._need_env().reset(int(req["seed"]))
+        # The knobs go positionally, and only when the daemon sends them: an environment
+        # without knobs keeps its one-argument reset(seed).
+        params = req.get("params")
+        if params is None:
+            out = self._need_env().reset(int(req["seed"]))
+        elif isinstance(params, dict):
+            out = self._need_env().reset(int(req["seed"]), params)
+        else:
+            raise TypeError(f"reset params must be a dict, got {type(params).__name__}")
         if not isinstance(out, (tuple, list)) or len(out) != 2:
             raise TypeError(f"reset() must return (observation, info), got {_shape(out)}")
         return {"observation": out[0], "info": out[1]}

@@ -50,6 +50,10 @@ class FakeState:
     script: Callable[[list[int]], list[int]] | None = None
     decode: Callable[[list[int]], str] | None = None
     eos_token_id: int = 2
+    # Structured outputs `{"choice": [...]}`: `choose(choices, prompt_ids)` picks the answer
+    # (unset: by a hash of the prompt) and `encode(text)` gives its token ids (required).
+    choose: Callable[[list[str], list[int]], str] | None = None
+    encode: Callable[[str], list[int]] | None = None
     completions: list[dict] = field(default_factory=list)  # every completions request body
     # Every request as "METHOD /path[?query]", in arrival order (the NCCL sequence tests).
     request_log: list[str] = field(default_factory=list)
@@ -159,7 +163,18 @@ def build_app(state: FakeState) -> Starlette:
         state.max_in_flight = max(state.max_in_flight, state.in_flight)
         try:
             n = int(body.get("max_tokens") or 16)
-            if state.script is not None:
+            choices = (body.get("structured_outputs") or {}).get("choice")
+            if choices:
+                if state.encode is None:
+                    return JSONResponse({"error": {"message": "this fake needs `encode` to "
+                                                   "answer structured-output choices"}}, 400)
+                if state.choose is not None:
+                    pick = state.choose(list(choices), prompt)
+                else:
+                    digest = hashlib.sha256(repr(prompt[-16:]).encode()).digest()
+                    pick = choices[digest[0] % len(choices)]
+                ids = [*state.encode(pick), state.eos_token_id]
+            elif state.script is not None:
                 ids = list(state.script(prompt))
             else:
                 ids = _token_ids(f"{model}|{state.weight_version}|{prompt[-16:]}", n)

@@ -17,6 +17,7 @@ class DictMemory:
     envs: dict[str, dict] = field(default_factory=dict)
     plays: list[tuple[str, list[float], list[float], EnvRegret, bool]] = field(default_factory=list)
     replay_ids: list[str] = field(default_factory=list)
+    params_played: list[dict] = field(default_factory=list)
 
     async def examples(self, query: str, k: int) -> list[str]:
         accepted = [e["code"] for e in self.envs.values() if e["status"] == "accepted"]
@@ -39,8 +40,40 @@ class DictMemory:
                                       "policy_version": policy_version})
         return status, env_id if status is DesignStatus.ACCEPTED else None, reason
 
-    async def record_play(self, env_id, unhinted, hinted, regret, replayed):
+    async def record_play(self, env_id, unhinted, hinted, regret, replayed, params=None):
         self.plays.append((env_id, unhinted, hinted, regret, replayed))
+        self.params_played.append(dict(params or {}))
+
+    async def variants(self, env_id):
+        """Played variants of `env_id` as memory_db.records.VariantStats-like views."""
+        from memory_db.records import EnvStats, VariantStats
+        from memory_db.schema import variant_id
+
+        by: dict[str, list] = {}
+        for (eid, unhinted, hinted, _, _), params in zip(self.plays, self.params_played,
+                                                         strict=True):
+            if eid == env_id:
+                by.setdefault(variant_id(eid, params), [params, [], []])
+                by[variant_id(eid, params)][1] += unhinted
+                by[variant_id(eid, params)][2] += hinted
+        out = []
+        for vid, (params, u, h) in by.items():
+            stats = EnvStats(id=vid, episodes_unhinted=len(u), episodes_hinted=len(h),
+                             mean_unhinted=sum(u) / len(u) if u else None,
+                             mean_hinted=sum(h) / len(h) if h else None)
+            out.append(VariantStats(env_id, params, stats))
+        return sorted(out, key=lambda v: -v.episodes)
+
+    async def sample_played(self):
+        """The most recent play's variant (deterministic for tests)."""
+        from memory_db.schema import variant_id
+
+        if not self.plays:
+            return None
+        env_id, params = self.plays[-1][0], self.params_played[-1]
+        e = self.envs[env_id]
+        return StoredEnv(env_id, e["code"], env_id, params=params,
+                         variant_id=variant_id(env_id, params))
 
     async def accepted_count(self) -> int:
         return sum(e["status"] == "accepted" for e in self.envs.values())

@@ -2,6 +2,7 @@
 
 import json
 import random
+import re
 
 DAYS = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday"]
 HOURS = list(range(9, 17))
@@ -28,6 +29,29 @@ TOOLS = [
         "name": "submit", "description": "Declare the task done; the calendar is then checked.",
         "parameters": {"type": "object", "properties": {}, "required": []}}},
 ]
+
+
+def _resolve(specs, given):
+    """The knob values of one episode: the given ones, the defaults for the rest, in range."""
+    given = given if isinstance(given, dict) else {}
+    out = {}
+    for key, spec in specs.items():
+        value = given.get(key, spec["default"])
+        if spec["type"] == "int":
+            value = min(spec["max"], max(spec["min"], int(value)))
+        elif spec["type"] == "float":
+            value = min(spec["max"], max(spec["min"], float(value)))
+        elif spec["type"] == "bool":
+            value = bool(value)
+        elif value not in spec["choices"]:
+            value = spec["default"]
+        out[key] = value
+    return out
+
+
+def _template(tool, **placeholders):
+    """A call's JSON form with <placeholders> for its arguments, as a task may show it."""
+    return json.dumps({"tool": tool, "arguments": {k: f"<{v}>" for k, v in placeholders.items()}})
 
 
 def _call(tool, **arguments):
@@ -66,10 +90,10 @@ def _hour(value):
         return value if value in HOURS else None
     if not isinstance(value, str):
         return None
-    head = value.strip().split(":")[0]
-    if not head.isdigit() or len(head) > 2:
+    m = re.fullmatch(r"\s*(\d{1,2})(:00)?\s*", value)  # "14:00" or "14"; not "14:30"
+    if m is None:
         return None
-    h = int(head)
+    h = int(m.group(1))
     return h if h in HOURS else None
 
 
@@ -78,9 +102,10 @@ class Environment:
     description = (
         "Multi-turn tool use on a calendar booking API for one work week (Monday to Friday, "
         "one-hour slots starting 09:00 to 16:00). Move the named meeting as instructed: cancel "
-        "its current booking and book, under exactly the same title, the earliest free slot on "
-        "the target day that starts at or after the given time. Leave every other booking as it "
-        "is, then call submit. Tools: list_slots(day), book(day, time, title), "
+        "its current booking (when the task says it has one) and book, under exactly the same "
+        "title, the earliest free slot on the target day that starts at or after the given "
+        "time. Leave every other booking as it is, then call submit (unless the task says the "
+        "booking itself is checked). Tools: list_slots(day), book(day, time, title), "
         "cancel(booking_id), submit(). Each reply must be one JSON tool call exactly like "
         "{\"tool\": \"list_slots\", \"arguments\": {\"day\": \"Monday\"}}. Submitting ends the "
         "episode and pays 1 only if the calendar is exactly right."
@@ -88,16 +113,33 @@ class Environment:
     max_turns = 10
     tools = TOOLS
 
+    params = {
+        "move": {"type": "bool", "default": True,
+                 "description": "the meeting is already booked and must be cancelled (off: a new "
+                                "booking only)"},
+        "blocked": {"type": "int", "min": 0, "max": 2, "default": 2,
+                    "description": "most booked slots between the asked time and the free one"},
+        "busy": {"type": "float", "min": 0.0, "max": 0.5, "default": 0.3,
+                 "description": "share of the week's other slots that are booked"},
+        "submit": {"type": "bool", "default": True,
+                   "description": "finish with submit (off: the first successful booking is "
+                                  "checked at once and ends the episode)"},
+        "show_format": {"type": "bool", "default": False,
+                        "description": "the task shows the JSON form of each call it needs, "
+                                       "with <placeholders> to fill in"},
+    }
+
     _done = True
     _turns = 0
 
-    def reset(self, seed):
+    def reset(self, seed, params=None):
+        knobs = _resolve(self.params, params)
         rng = random.Random(seed)
         titles = rng.sample(TITLES, len(TITLES))
         self._title = titles[0]
         src, dst = rng.sample(DAYS, 2)
         after = rng.choice([10, 11, 12, 13, 14])
-        target = rng.randint(after, min(after + 2, 16))
+        target = rng.randint(after, min(after + knobs["blocked"], 16))
         slots = [(d, h) for d in DAYS for h in HOURS]
         self._bookings = {}
         used = set()
@@ -109,25 +151,41 @@ class Environment:
             used.add((day, hour))
             return bid
 
-        self._old_id = add(src, rng.choice(HOURS), self._title)
+        old_hour = rng.choice(HOURS)
+        self._old_id = add(src, old_hour, self._title) if knobs["move"] else None
         for h in range(after, target):
             add(dst, h, titles[1 + len(self._bookings) % 14])
         for d, h in slots:
             if (d, h) in used or (d == dst and h == target):
                 continue
-            if rng.random() < 0.3 and len(self._bookings) < 22:
+            if rng.random() < knobs["busy"] and len(self._bookings) < 22:
                 add(d, h, titles[1 + len(self._bookings) % 14])
         order = sorted(self._bookings, key=lambda b: (DAYS.index(self._bookings[b][0]),
                                                        self._bookings[b][1]))
         self._bookings = {b: self._bookings[b] for b in order}
         self._others = {b: list(v) for b, v in self._bookings.items() if b != self._old_id}
         self._src, self._dst, self._after, self._target = src, dst, after, target
+        self._need_submit = knobs["submit"]
         self._next_id = 1000
         self._turns = 0
         self._done = False
-        obs = (f"Task: move '{self._title}' (currently on {src}) to the earliest free slot on "
-               f"{dst} starting at or after {after}:00. Reply with one JSON tool call per turn.")
-        return obs, {"title": self._title, "from": src, "to": dst, "after": f"{after}:00"}
+        if knobs["move"]:
+            obs = (f"Task: move '{self._title}' (currently on {src}) to the earliest free slot "
+                   f"on {dst} starting at or after {after}:00.")
+        else:
+            obs = (f"Task: book '{self._title}' in the earliest free slot on {dst} starting at "
+                   f"or after {after}:00.")
+        if not self._need_submit:
+            obs += " Your first successful booking is checked at once and ends the episode."
+        obs += " Reply with one JSON tool call per turn."
+        if knobs["show_format"]:
+            calls = ([_template("list_slots", day="day"), _template("cancel", booking_id="id")]
+                     if knobs["move"] else [])
+            calls.append(_template("book", day="day", time="HH:00", title="title"))
+            calls += [_call("submit")] if self._need_submit else []
+            obs += " The calls you need look like: " + " ".join(calls)
+        return obs, {"title": self._title, "from": src if knobs["move"] else None, "to": dst,
+                     "after": f"{after}:00", "knobs": knobs}
 
     def step(self, action):
         if self._done:
@@ -192,8 +250,11 @@ class Environment:
         bid = f"bk{self._next_id}"
         self._next_id += 1
         self._bookings[bid] = [day, hour, title.strip()[:80]]
-        return json.dumps({"booked": bid, "day": day, "time": f"{hour:02d}:00"}), 0.0, False, {
-            "tool": "book"}
+        booked = json.dumps({"booked": bid, "day": day, "time": f"{hour:02d}:00"})
+        if not self._need_submit:
+            obs, reward, term, info = self._submit()
+            return booked + " " + obs, reward, term, info
+        return booked, 0.0, False, {"tool": "book"}
 
     def _submit(self):
         mine = [v for v in self._bookings.values() if v[2] == self._title]
@@ -208,11 +269,17 @@ class Environment:
         return "Submitted: the meeting was moved correctly.", 1.0, True, {"success": True}
 
     def hint(self):
-        return (f"The current booking is {self._old_id}; the earliest free slot on {self._dst} at "
-                f"or after {self._after}:00 is {self._target:02d}:00.")
+        slot = (f"the earliest free slot on {self._dst} at or after {self._after}:00 is "
+                f"{self._target:02d}:00.")
+        if self._old_id is None:
+            return slot[0].upper() + slot[1:]
+        return f"The current booking is {self._old_id}; {slot}"
 
     def solution(self):
-        return [_call("list_slots", day=self._src), _call("cancel", booking_id=self._old_id),
-                _call("list_slots", day=self._dst),
-                _call("book", day=self._dst, time=f"{self._target:02d}:00", title=self._title),
-                _call("submit")]
+        moves = []
+        if self._old_id is not None:
+            moves += [_call("list_slots", day=self._src),
+                      _call("cancel", booking_id=self._old_id)]
+        moves += [_call("list_slots", day=self._dst),
+                  _call("book", day=self._dst, time=f"{self._target:02d}:00", title=self._title)]
+        return moves + ([_call("submit")] if self._need_submit else [])

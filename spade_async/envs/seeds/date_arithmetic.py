@@ -9,6 +9,24 @@ MONTHS = ["January", "February", "March", "April", "May", "June", "July", "Augus
           "October", "November", "December"]
 
 
+def _resolve(specs, given):
+    """The knob values of one episode: the given ones, the defaults for the rest, in range."""
+    given = given if isinstance(given, dict) else {}
+    out = {}
+    for key, spec in specs.items():
+        value = given.get(key, spec["default"])
+        if spec["type"] == "int":
+            value = min(spec["max"], max(spec["min"], int(value)))
+        elif spec["type"] == "float":
+            value = min(spec["max"], max(spec["min"], float(value)))
+        elif spec["type"] == "bool":
+            value = bool(value)
+        elif value not in spec["choices"]:
+            value = spec["default"]
+        out[key] = value
+    return out
+
+
 def _last_date(text):
     found = re.findall(r"(?<!\d)(\d{4})-(\d{1,2})-(\d{1,2})(?!\d)", text)
     if not found:
@@ -31,35 +49,59 @@ class Environment:
     max_turns = 1
     tools = []
 
+    params = {
+        "kinds": {"type": "choice", "choices": ["after", "after_before", "all"], "default": "all",
+                  "description": "question kinds: days after; days after or before; also the n-th "
+                                 "weekday after"},
+        "max_days": {"type": "int", "min": 1, "max": 3000, "default": 3000,
+                     "description": "largest day count (counts run from max_days/75; weekday "
+                                    "counts up to max_days/50)"},
+        "cross_month": {"type": "bool", "default": True,
+                        "description": "the answer may lie in another month (off: same month, at "
+                                       "most 20 days or 2 weekdays away)"},
+    }
+
     _done = True
     _turns = 0
 
-    def reset(self, seed):
+    def reset(self, seed, params=None):
+        knobs = _resolve(self.params, params)
         rng = random.Random(seed)
-        start = datetime.date(1990, 1, 1) + datetime.timedelta(days=rng.randint(0, 14600))
-        kind = rng.choice(["after", "before", "weekday"])
-        self._start = start
-        self._kind = kind
-        if kind == "weekday":
-            wd = rng.randrange(7)
-            n = rng.randint(5, 60)
-            first = start + datetime.timedelta(days=1)
-            while first.weekday() != wd:
-                first += datetime.timedelta(days=1)
-            self._first = first
-            self._answer = first + datetime.timedelta(weeks=n - 1)
-            question = (f"What is the date of the {n}{self._suffix(n)} {WEEKDAYS[wd]} strictly "
-                        f"after {start.isoformat()} (a {WEEKDAYS[start.weekday()]})?")
-        else:
-            n = rng.randint(40, 3000)
-            sign = 1 if kind == "after" else -1
-            self._answer = start + datetime.timedelta(days=sign * n)
-            question = f"What date is {n} days {kind} {start.isoformat()}?"
+        kinds = {"after": ["after"], "after_before": ["after", "before"],
+                 "all": ["after", "before", "weekday"]}[knobs["kinds"]]
+        top = knobs["max_days"] if knobs["cross_month"] else min(20, knobs["max_days"])
+        weeks_top = max(1, knobs["max_days"] // 50)
+        if not knobs["cross_month"]:
+            weeks_top = min(2, weeks_top)
+        while True:
+            start = datetime.date(1990, 1, 1) + datetime.timedelta(days=rng.randint(0, 14600))
+            kind = rng.choice(kinds)
+            self._start = start
+            self._kind = kind
+            if kind == "weekday":
+                wd = rng.randrange(7)
+                n = rng.randint(max(1, weeks_top // 12), weeks_top)
+                first = start + datetime.timedelta(days=1)
+                while first.weekday() != wd:
+                    first += datetime.timedelta(days=1)
+                self._first = first
+                self._answer = first + datetime.timedelta(weeks=n - 1)
+                question = (f"What is the date of the {n}{self._suffix(n)} {WEEKDAYS[wd]} "
+                            f"strictly after {start.isoformat()} (a {WEEKDAYS[start.weekday()]})?")
+            else:
+                n = rng.randint(max(1, top // 75), top)
+                sign = 1 if kind == "after" else -1
+                self._answer = start + datetime.timedelta(days=sign * n)
+                days = "day" if n == 1 else "days"
+                question = f"What date is {n} {days} {kind} {start.isoformat()}?"
+            same_month = (self._answer.year, self._answer.month) == (start.year, start.month)
+            if knobs["cross_month"] or same_month:
+                break
         self._n = n
         self._obs = question + " Reply 'ANSWER: YYYY-MM-DD'."
         self._turns = 0
         self._done = False
-        return self._obs, {"kind": kind, "start": start.isoformat()}
+        return self._obs, {"kind": kind, "start": start.isoformat(), "knobs": knobs}
 
     @staticmethod
     def _suffix(n):
@@ -90,11 +132,16 @@ class Environment:
 
     def hint(self):
         a = self._answer
+        if self._kind == "weekday" and self._n == 1:
+            return (f"Count forward one day at a time from {self._start.isoformat()}; the "
+                    f"answer is within a week of it, in {MONTHS[a.month - 1]} {a.year}.")
         if self._kind == "weekday":
             return (f"The first such weekday after the start is {self._first.isoformat()}; the "
                     f"answer is {self._n - 1} weeks later, in {MONTHS[a.month - 1]} {a.year}.")
-        return (f"{self._n} days is {self._n // 7} weeks and {self._n % 7} days. The answer is a "
-                f"{WEEKDAYS[a.weekday()]} in {MONTHS[a.month - 1]} {a.year}.")
+        weeks = f"{self._n} days is {self._n // 7} weeks and {self._n % 7} days. " if (
+            self._n >= 7) else ""
+        return (f"{weeks}The answer is a {WEEKDAYS[a.weekday()]} in {MONTHS[a.month - 1]} "
+                f"{a.year}.")
 
     def solution(self):
         return [f"ANSWER: {self._answer.isoformat()}"]

@@ -29,6 +29,29 @@ SUBDIRS = ["web", "api", "batch", "cache", "edge", "jobs", "mail", "auth"]
 STEMS = ["access", "events", "server", "audit", "worker", "gateway", "metrics", "daily", "sync"]
 
 
+def _resolve(specs, given):
+    """The knob values of one episode: the given ones, the defaults for the rest, in range."""
+    given = given if isinstance(given, dict) else {}
+    out = {}
+    for key, spec in specs.items():
+        value = given.get(key, spec["default"])
+        if spec["type"] == "int":
+            value = min(spec["max"], max(spec["min"], int(value)))
+        elif spec["type"] == "float":
+            value = min(spec["max"], max(spec["min"], float(value)))
+        elif spec["type"] == "bool":
+            value = bool(value)
+        elif value not in spec["choices"]:
+            value = spec["default"]
+        out[key] = value
+    return out
+
+
+def _template(tool, **placeholders):
+    """A call's JSON form with <placeholders> for its arguments, as a task may show it."""
+    return json.dumps({"tool": tool, "arguments": {k: f"<{v}>" for k, v in placeholders.items()}})
+
+
 def _call(tool, **arguments):
     return json.dumps({"tool": tool, "arguments": arguments})
 
@@ -77,9 +100,9 @@ class Environment:
         "report file. Each file whose name ends in '.log' anywhere under /data (directly in "
         "/data or in its subdirectories) contains one line '<metric>=<n>'. Compute the sum of "
         "those n over all .log files (ignore every other file), create the report file's "
-        "directory, write the sum as a bare integer to the report file, do not modify anything "
-        "under /data, then call submit. Tools: "
-        "ls(path), cat(path), write(path, content), mkdir(path), submit(); paths are absolute. "
+        "directory if it does not exist, write the sum as a bare integer to the report file, do "
+        "not modify anything under /data, then call submit. Tools: ls(path), cat(path), "
+        "write(path, content), mkdir(path), submit(); paths are absolute. "
         "Each reply must be one JSON tool call exactly like {\"tool\": \"ls\", \"arguments\": "
         "{\"path\": \"/data\"}}. Submitting ends the episode and pays 1 only if the report is "
         "right."
@@ -87,32 +110,56 @@ class Environment:
     max_turns = 12
     tools = TOOLS
 
+    params = {
+        "logs": {"type": "int", "min": 1, "max": 4, "default": 3,
+                 "description": "log files to add up: one directly in /data, the rest one per "
+                                "subdirectory"},
+        "decoys": {"type": "bool", "default": True,
+                   "description": "decoy .txt and .log.bak files holding the same metric"},
+        "digits": {"type": "int", "min": 1, "max": 3, "default": 3,
+                   "description": "digits of each logged value (1 means 2 to 9)"},
+        "mkdir": {"type": "bool", "default": True,
+                  "description": "the report's directory must be created (off: it exists)"},
+        "paths_given": {"type": "bool", "default": False,
+                        "description": "the task lists the log files' paths"},
+        "show_format": {"type": "bool", "default": False,
+                        "description": "the task shows the JSON form of each call it needs, "
+                                       "with <placeholders> to fill in"},
+    }
+
     _done = True
     _turns = 0
 
-    def reset(self, seed):
+    def reset(self, seed, params=None):
+        knobs = _resolve(self.params, params)
         rng = random.Random(seed)
-        subs = rng.sample(SUBDIRS, 2)
-        dirs = ["/", "/data", "/data/" + subs[0], "/data/" + subs[1], "/home"]
+        subs = rng.sample(SUBDIRS, knobs["logs"] - 1)
+        dirs = ["/", "/data"] + ["/data/" + sub for sub in subs] + ["/home"]
         metric = rng.choice(["requests", "errors", "retries", "timeouts", "bytes_sent"])
         others = [m for m in ["requests", "errors", "retries", "timeouts"] if m != metric]
         self._dir = rng.choice(["/report", "/out", "/summary", "/results"])
         self._report = self._dir + "/" + rng.choice(["total.txt", "sum.txt", metric + ".txt"])
         self._metric = metric
+        digits = knobs["digits"]
+        low, high = (2 if digits == 1 else 10 ** (digits - 1)), 10 ** digits - 1
         files = {"/home/notes.txt": f"remember: reports go to {self._dir}\n"}
         logs = []
-        for d in dirs[1:4]:
+        for d in dirs[1:-1]:
             stems = rng.sample(STEMS, 3)
-            n = rng.randint(100, 999)
+            n = rng.randint(low, high)
             path = f"{d}/{stems[0]}.log"
             logs.append(path)
             files[path] = (f"host={rng.choice(SUBDIRS)}-{rng.randint(1, 9)}\n"
                            f"date=2024-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}\n"
                            f"{rng.choice(others)}={rng.randint(1, 99)}\n"
                            f"{metric}={n}\nstatus=ok\n")
-            files[f"{d}/{stems[1]}.txt"] = f"draft notes\n{metric}={rng.randint(100, 999)}\n"
-            if rng.random() < 0.6:
-                files[f"{d}/{stems[2]}.log.bak"] = f"{metric}={rng.randint(100, 999)}\nstale\n"
+            decoy = f"draft notes\n{metric}={rng.randint(low, high)}\n"
+            if knobs["decoys"]:
+                files[f"{d}/{stems[1]}.txt"] = decoy
+            if rng.random() < 0.6 and knobs["decoys"]:
+                files[f"{d}/{stems[2]}.log.bak"] = f"{metric}={rng.randint(low, high)}\nstale\n"
+        if not knobs["mkdir"]:
+            dirs.append(self._dir)
         self._dirs = list(dirs)
         self._files = files
         self._original = {k: v for k, v in files.items() if k.startswith("/data/")}
@@ -120,12 +167,22 @@ class Environment:
         self._total = sum(int(files[p].split("\n" + metric + "=")[1].split("\n")[0])
                           for p in logs)
         self._subs = ["/data/" + s for s in subs]
+        self._mkdir = knobs["mkdir"]
         self._turns = 0
         self._done = False
-        obs = (f"Task: sum the '{metric}=' values of all .log files under /data and write the "
-               f"total to {self._report}. A file system with /data and /home is mounted. Reply "
-               "with one JSON tool call per turn.")
-        return obs, {"metric": metric, "report": self._report}
+        where = (f"the .log files ({', '.join(logs)})" if knobs["paths_given"]
+                 else "all .log files under /data")
+        mounted = ("A file system with /data and /home is mounted." if knobs["mkdir"] else
+                   f"A file system with /data, /home and {self._dir} is mounted.")
+        obs = (f"Task: sum the '{metric}=' values of {where} and write the total to "
+               f"{self._report}. {mounted} Reply with one JSON tool call per turn.")
+        if knobs["show_format"]:
+            calls = [] if knobs["paths_given"] else [_template("ls", path="directory")]
+            calls.append(_template("cat", path="file"))
+            calls += [_template("mkdir", path="directory")] if knobs["mkdir"] else []
+            calls += [_template("write", path="file", content="text"), _call("submit")]
+            obs += " The calls you need look like: " + " ".join(calls)
+        return obs, {"metric": metric, "report": self._report, "knobs": knobs}
 
     def step(self, action):
         if self._done:
@@ -211,7 +268,8 @@ class Environment:
     def solution(self):
         moves = [_call("ls", path="/data")] + [_call("ls", path=s) for s in self._subs]
         moves += [_call("cat", path=p) for p in self._logs]
-        moves += [_call("mkdir", path=self._dir),
-                  _call("write", path=self._report, content=str(self._total)),
+        if self._mkdir:
+            moves.append(_call("mkdir", path=self._dir))
+        moves += [_call("write", path=self._report, content=str(self._total)),
                   _call("submit")]
         return moves

@@ -29,6 +29,29 @@ WORDS = ["amber", "cobalt", "dune", "ember", "fjord", "garnet", "harbor", "indig
          "kelp", "lotus", "mesa", "nectar", "onyx", "prairie", "quartz", "russet", "sierra"]
 
 
+def _resolve(specs, given):
+    """The knob values of one episode: the given ones, the defaults for the rest, in range."""
+    given = given if isinstance(given, dict) else {}
+    out = {}
+    for key, spec in specs.items():
+        value = given.get(key, spec["default"])
+        if spec["type"] == "int":
+            value = min(spec["max"], max(spec["min"], int(value)))
+        elif spec["type"] == "float":
+            value = min(spec["max"], max(spec["min"], float(value)))
+        elif spec["type"] == "bool":
+            value = bool(value)
+        elif value not in spec["choices"]:
+            value = spec["default"]
+        out[key] = value
+    return out
+
+
+def _template(tool, **placeholders):
+    """A call's JSON form with <placeholders> for its arguments, as a task may show it."""
+    return json.dumps({"tool": tool, "arguments": {k: f"<{v}>" for k, v in placeholders.items()}})
+
+
 def _call(tool, **arguments):
     return json.dumps({"tool": tool, "arguments": arguments})
 
@@ -59,7 +82,8 @@ class Environment:
         "of the form '-> <key>'. Follow the pointers until you reach a value of the form "
         "'final:<token>'. Then set the result key to <token> (without the 'final:' prefix), "
         "delete every key whose name starts with the junk prefix, leave every other key "
-        "untouched, and call submit. Act only through tool calls, each reply being one JSON "
+        "untouched, and call submit (unless the task says setting the result key ends the "
+        "episode). Act only through tool calls, each reply being one JSON "
         "object exactly like {\"tool\": \"get\", \"arguments\": {\"key\": \"start\"}}; the "
         "tools are get, set, delete, list and submit. Submitting ends the episode; it pays 1 "
         "only if the store is exactly right."
@@ -67,14 +91,32 @@ class Environment:
     max_turns = 12
     tools = TOOLS
 
+    params = {
+        "hops": {"type": "int", "min": 0, "max": 4, "default": 2,
+                 "description": "pointer keys between the start key and the final value (0: the "
+                                "start key holds it)"},
+        "decoys": {"type": "int", "min": 0, "max": 9, "default": 9,
+                   "description": "decoy node keys (final values and pointers off the chain)"},
+        "junk": {"type": "int", "min": 0, "max": 3, "default": 3,
+                 "description": "most junk keys to delete (at least junk - 1)"},
+        "submit": {"type": "bool", "default": True,
+                   "description": "finish with submit (off: the first set of the result key ends "
+                                  "the episode and is checked)"},
+        "show_format": {"type": "bool", "default": False,
+                        "description": "the task shows the JSON form of each call it needs, "
+                                       "with <placeholders> to fill in"},
+    }
+
     _done = True
     _turns = 0
 
-    def reset(self, seed):
+    def reset(self, seed, params=None):
+        knobs = _resolve(self.params, params)
         rng = random.Random(seed)
         alphabet = string.ascii_lowercase + string.digits
+        hops = knobs["hops"]
         names = []
-        while len(names) < 11:
+        while len(names) < hops + knobs["decoys"]:
             k = "node:" + "".join(rng.choice(alphabet) for _ in range(4))
             if k not in names:
                 names.append(k)
@@ -83,21 +125,22 @@ class Environment:
             t = f"{rng.choice(WORDS)}-{rng.randint(100, 999)}"
             if t not in tokens:
                 tokens.append(t)
-        chain = names[:2]
+        chain = names[:hops]
         self._entry = rng.choice(["entry", "start", "head", "root", "begin"])
         self._entry += "-" + rng.choice(alphabet) + rng.choice(alphabet)
         self._result = rng.choice(["result", "answer", "output", "found", "token"])
         self._junk = rng.choice(["tmp:", "scratch:", "cache:", "draft:", "old:"])
-        store = {self._entry: "-> " + chain[0], chain[0]: "-> " + chain[1],
-                 chain[1]: "final:" + tokens[0]}
-        decoys = names[2:]
+        path = [self._entry] + chain
+        store = {k: "-> " + nxt for k, nxt in zip(path, path[1:])}
+        store[path[-1]] = "final:" + tokens[0]
+        decoys = names[hops:]
         for i, k in enumerate(decoys):
             if i < 4:
                 store[k] = "final:" + tokens[i + 1]
             else:
                 store[k] = "-> " + rng.choice(decoys[:i])
         self._tmp = []
-        for _ in range(rng.randint(2, 3)):
+        for _ in range(rng.randint(max(0, knobs["junk"] - 1), knobs["junk"])):
             k = self._junk + "".join(rng.choice(alphabet) for _ in range(3))
             if k not in self._tmp:
                 self._tmp.append(k)
@@ -109,13 +152,22 @@ class Environment:
         self._store = {k: store[k] for k in keys}
         self._original = dict(self._store)
         self._chain, self._token = chain, tokens[0]
+        self._need_submit = knobs["submit"]
         self._turns = 0
         self._done = False
-        obs = (f"The store holds {len(self._store)} keys. Start key: '{self._entry}'. Result "
-               f"key: '{self._result}'. Junk prefix: '{self._junk}'. Reply with one JSON tool "
-               "call per turn.")
+        keys = "key" if len(self._store) == 1 else "keys"
+        obs = (f"The store holds {len(self._store)} {keys}. Start key: '{self._entry}'. Result "
+               f"key: '{self._result}'. Junk prefix: '{self._junk}'.")
+        if not self._need_submit:
+            obs += " Setting the result key ends the episode and checks the store at once."
+        obs += " Reply with one JSON tool call per turn."
+        if knobs["show_format"]:
+            calls = [_template("get", key="key"), _template("set", key="key", value="value")]
+            calls += [_template("delete", key="key")] if self._tmp else []
+            calls += [_call("submit")] if self._need_submit else []
+            obs += " The calls you need look like: " + " ".join(calls)
         return obs, {"keys": len(self._store), "start_key": self._entry,
-                     "result_key": self._result, "junk_prefix": self._junk}
+                     "result_key": self._result, "junk_prefix": self._junk, "knobs": knobs}
 
     def step(self, action):
         if self._done:
@@ -170,7 +222,11 @@ class Environment:
         if len(value) > 500:
             return "Values are limited to 500 characters.", 0.0, False, {"error": "too_long"}
         self._store[key] = value
-        return json.dumps({"ok": True, "key": key}), 0.0, False, {"tool": "set"}
+        done = json.dumps({"ok": True, "key": key})
+        if key == self._result and not self._need_submit:
+            obs, reward, term, info = self._submit()
+            return done + " " + obs, reward, term, info
+        return done, 0.0, False, {"tool": "set"}
 
     def _submit(self):
         problems = []
@@ -189,14 +245,18 @@ class Environment:
         return "Submitted: the store is exactly right.", 1.0, True, {"success": True}
 
     def hint(self):
-        return (f"The chain is {self._entry} -> {self._chain[0]} -> {self._chain[1]}; the key "
-                f"{self._chain[1]} holds the final value. The keys to delete are "
-                f"{', '.join(self._tmp)}.")
+        path = [self._entry] + self._chain
+        text = (f"The chain is {' -> '.join(path)}; the key {path[-1]} holds the final value."
+                if self._chain else f"The start key {self._entry} holds the final value itself.")
+        if self._tmp:
+            return text + f" The keys to delete are {', '.join(self._tmp)}."
+        return text + " There are no junk keys to delete."
 
     def solution(self):
         moves = [_call("list", prefix=self._junk), _call("get", key=self._entry)]
         moves += [_call("get", key=k) for k in self._chain]
-        moves.append(_call("set", key=self._result, value=self._token))
-        moves += [_call("delete", key=k) for k in self._tmp]
-        moves.append(_call("submit"))
-        return moves
+        deletes = [_call("delete", key=k) for k in self._tmp]
+        setting = _call("set", key=self._result, value=self._token)
+        if not self._need_submit:  # the set ends the episode: clean up first
+            return moves + deletes + [setting]
+        return moves + [setting] + deletes + [_call("submit")]

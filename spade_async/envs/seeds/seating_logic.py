@@ -7,18 +7,39 @@ import re
 POOL = ["Ava", "Ben", "Cleo", "Dan", "Eve", "Finn", "Gia", "Hugo", "Iris", "Jack", "Kara", "Leo"]
 KINDS = ["left_of", "imm_left", "adjacent", "not_adjacent", "one_between", "end", "not_end",
          "not_seat", "left_of", "adjacent", "not_seat", "seat"]
+DIRECT = ["seat", "not_seat", "end", "not_end", "not_seat", "seat"]
+COUNTS = ["no", "one", "Two", "Three", "Four", "Five", "Six"]
+
+
+def _resolve(specs, given):
+    """The knob values of one episode: the given ones, the defaults for the rest, in range."""
+    given = given if isinstance(given, dict) else {}
+    out = {}
+    for key, spec in specs.items():
+        value = given.get(key, spec["default"])
+        if spec["type"] == "int":
+            value = min(spec["max"], max(spec["min"], int(value)))
+        elif spec["type"] == "float":
+            value = min(spec["max"], max(spec["min"], float(value)))
+        elif spec["type"] == "bool":
+            value = bool(value)
+        elif value not in spec["choices"]:
+            value = spec["default"]
+        out[key] = value
+    return out
 
 
 def _holds(clue, pos):
     kind = clue[0]
+    ends = (1, len(pos))
     if kind == "seat":
         return pos[clue[1]] == clue[2]
     if kind == "not_seat":
         return pos[clue[1]] != clue[2]
     if kind == "end":
-        return pos[clue[1]] in (1, 5)
+        return pos[clue[1]] in ends
     if kind == "not_end":
-        return pos[clue[1]] not in (1, 5)
+        return pos[clue[1]] not in ends
     a, b = pos[clue[1]], pos[clue[2]]
     if kind == "left_of":
         return a < b
@@ -54,30 +75,41 @@ def _positions(order):
 class Environment:
     name = "seating_logic"
     description = (
-        "A single-turn logic puzzle. Five people sit in a row of seats numbered 1 (leftmost) to 5 "
-        "(rightmost). From the clues, work out who sits in each seat; exactly one arrangement fits "
-        "all clues. Reply with 'ANSWER: ' followed by the five names from seat 1 to seat 5, "
-        "separated by commas, e.g. 'ANSWER: Ann, Bob, Cy, Di, Ed'. Nothing may follow the names. "
-        "You get one attempt."
+        "A single-turn logic puzzle. Some people (five unless the task says otherwise) sit in a "
+        "row of seats numbered from 1 (leftmost) up, one seat each. From the clues, work out who "
+        "sits in each seat; exactly one arrangement fits all clues. Reply with 'ANSWER: ' "
+        "followed by the names from seat 1 to the last seat, separated by commas, e.g. 'ANSWER: "
+        "Ann, Bob, Cy, Di, Ed'. Nothing may follow the names. You get one attempt."
     )
     max_turns = 1
     tools = []
 
+    params = {
+        "people": {"type": "int", "min": 2, "max": 6, "default": 5,
+                   "description": "people and seats"},
+        "relations": {"type": "bool", "default": True,
+                      "description": "clues may relate two people (left of, next to, ...); off: "
+                                     "only clues about one person's seat"},
+    }
+
     _done = True
     _turns = 0
 
-    def reset(self, seed):
+    def reset(self, seed, params=None):
+        knobs = _resolve(self.params, params)
         rng = random.Random(seed)
-        people = rng.sample(POOL, 5)
+        n = knobs["people"]
+        kinds = KINDS if knobs["relations"] else DIRECT
+        people = rng.sample(POOL, n)
         secret = people[:]
         rng.shuffle(secret)
         secret_pos = _positions(secret)
         cands = [_positions(p) for p in itertools.permutations(people)]
         clues = []
         while len(cands) > 1:
-            kind = rng.choice(KINDS)
+            kind = rng.choice(kinds)
             if kind in ("seat", "not_seat"):
-                clue = (kind, rng.choice(people), rng.randint(1, 5))
+                clue = (kind, rng.choice(people), rng.randint(1, n))
             elif kind in ("end", "not_end"):
                 clue = (kind, rng.choice(people))
             else:
@@ -98,13 +130,14 @@ class Environment:
         self._secret = secret
         self._people = people
         self._clues = [_text(c) for c in clues]
-        self._obs = ("Five people: " + ", ".join(sorted(people)) + ". Seats are numbered 1 to 5 "
-                     "from left to right.\nClues:\n" + "\n".join(
+        seats = ", ".join(f"<seat {i + 1}>" for i in range(n))
+        self._obs = (f"{COUNTS[n]} people: " + ", ".join(sorted(people)) + f". Seats are numbered "
+                     f"1 to {n} from left to right.\nClues:\n" + "\n".join(
                          f"  {i + 1}. {t}" for i, t in enumerate(self._clues))
-                     + "\nReply 'ANSWER: <seat 1>, <seat 2>, <seat 3>, <seat 4>, <seat 5>'.")
+                     + f"\nReply 'ANSWER: {seats}'.")
         self._turns = 0
         self._done = False
-        return self._obs, {"people": sorted(people), "clues": len(self._clues)}
+        return self._obs, {"people": sorted(people), "clues": len(self._clues), "knobs": knobs}
 
     def step(self, action):
         if self._done:
@@ -123,17 +156,25 @@ class Environment:
         body = parts[-1].strip().rstrip(".").strip()
         tokens = [t for t in re.split(r"[,\s]+", body) if t]
         known = {p.lower(): p for p in self._people}
-        if len(tokens) != 5 or any(t.lower() not in known for t in tokens):
-            return ("Could not read five names from your reply (format: 'ANSWER: A, B, C, D, E').",
-                    0.0, False, {"correct": False})
+        if len(tokens) != len(self._people) or any(t.lower() not in known for t in tokens):
+            return (f"Could not read {len(self._people)} names from your reply (format: "
+                    f"'ANSWER: {', '.join('ABCDEF'[:len(self._people)])}').", 0.0, False,
+                    {"correct": False})
         order = [known[t.lower()] for t in tokens]
         if order == self._secret:
             return "Correct!", 1.0, True, {"correct": True}
         return "Incorrect arrangement.", 0.0, True, {"correct": False}
 
     def hint(self):
-        return (f"{self._secret[0]} sits in seat 1 and {self._secret[3]} sits in seat 4; use the "
-                "clues to place the other three.")
+        n = len(self._secret)
+        if n >= 5:
+            return (f"{self._secret[0]} sits in seat 1 and {self._secret[3]} sits in seat 4; use "
+                    f"the clues to place the other {COUNTS[n - 2].lower()}.")
+        if n >= 3:
+            return (f"{self._secret[0]} sits in seat 1; use the clues to place the other "
+                    f"{COUNTS[n - 1].lower()}.")
+        return ("Seat 1 is the leftmost seat; a clue about one seat also places the other "
+                "person.")
 
     def solution(self):
         return ["ANSWER: " + ", ".join(self._secret)]

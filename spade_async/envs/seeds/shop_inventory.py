@@ -30,6 +30,29 @@ TOOLS = [
 ]
 
 
+def _resolve(specs, given):
+    """The knob values of one episode: the given ones, the defaults for the rest, in range."""
+    given = given if isinstance(given, dict) else {}
+    out = {}
+    for key, spec in specs.items():
+        value = given.get(key, spec["default"])
+        if spec["type"] == "int":
+            value = min(spec["max"], max(spec["min"], int(value)))
+        elif spec["type"] == "float":
+            value = min(spec["max"], max(spec["min"], float(value)))
+        elif spec["type"] == "bool":
+            value = bool(value)
+        elif value not in spec["choices"]:
+            value = spec["default"]
+        out[key] = value
+    return out
+
+
+def _template(tool, **placeholders):
+    """A call's JSON form with <placeholders> for its arguments, as a task may show it."""
+    return json.dumps({"tool": tool, "arguments": {k: f"<{v}>" for k, v in placeholders.items()}})
+
+
 def _call(tool, **arguments):
     return json.dumps({"tool": tool, "arguments": arguments})
 
@@ -67,35 +90,55 @@ class Environment:
     max_turns = 10
     tools = TOOLS
 
+    params = {
+        "products": {"type": "int", "min": 1, "max": 4, "default": 4,
+                     "description": "products per category"},
+        "trap": {"type": "bool", "default": True,
+                 "description": "the cheapest product of the category fails the rating or the "
+                                "stock"},
+        "leftover": {"type": "int", "min": 0, "max": 2, "default": 2,
+                     "description": "most unwanted items already in the cart (at least one "
+                                    "unless 0)"},
+        "qty_max": {"type": "int", "min": 1, "max": 5, "default": 5,
+                    "description": "largest quantity asked (from 2 up, or exactly 1)"},
+        "show_format": {"type": "bool", "default": False,
+                        "description": "the task shows the JSON form of each call it needs, "
+                                       "with <placeholders> to fill in"},
+    }
+
     _done = True
     _turns = 0
 
-    def reset(self, seed):
+    def reset(self, seed, params=None):
+        knobs = _resolve(self.params, params)
         rng = random.Random(seed)
+        per = knobs["products"]
+        trap = knobs["trap"] and per >= 2
+        right = 1 if trap else 0  # the rank by price of the product to buy
         self._category = rng.choice(CATEGORIES)
-        self._qty = rng.randint(2, 5)
+        self._qty = rng.randint(min(2, knobs["qty_max"]), knobs["qty_max"])
         self._min_rating = rng.choice([3.5, 4.0, 4.2, 4.5])
-        ids = rng.sample(range(100, 1000), 5 * 4)
-        cents = rng.sample(range(900, 9000, 10), 5 * 4)
+        ids = rng.sample(range(100, 1000), 5 * per)
+        cents = rng.sample(range(900, 9000, 10), 5 * per)
         self._products = {}
         for ci, cat in enumerate(CATEGORIES):
-            brands = rng.sample(BRANDS, 4)
-            group = sorted(range(4), key=lambda j: cents[ci * 4 + j])
+            brands = rng.sample(BRANDS, per)
+            group = sorted(range(per), key=lambda j: cents[ci * per + j])
             for rank, j in enumerate(group):
-                pid = f"P{ids[ci * 4 + j]}"
+                pid = f"P{ids[ci * per + j]}"
                 rating = round(rng.uniform(3.0, 5.0), 1)
                 stock = rng.randint(0, 12)
                 if cat == self._category:
-                    if rank == 0:  # cheapest: fails the rating or the stock
+                    if rank < right:  # cheapest: fails the rating or the stock
                         if rng.random() < 0.5:
                             rating = round(self._min_rating - 0.3, 1)
                         else:
                             stock = rng.randint(0, self._qty - 1)
-                    elif rank == 1:  # the right one
+                    elif rank == right:  # the right one
                         rating = round(rng.uniform(self._min_rating, 5.0), 1)
                         stock = rng.randint(self._qty, 15)
                 self._products[pid] = {"id": pid, "name": f"{brands[j]} {cat[:-1]}",
-                                       "category": cat, "price": cents[ci * 4 + j] / 100,
+                                       "category": cat, "price": cents[ci * per + j] / 100,
                                        "rating": rating, "stock": stock}
         ok = [p for p in self._products.values() if p["category"] == self._category
               and p["rating"] >= self._min_rating and p["stock"] >= self._qty]
@@ -103,16 +146,26 @@ class Environment:
         others = [pid for pid in self._products if pid != self._target
                   and self._products[pid]["stock"] > 0]
         self._cart = {}
-        for pid in rng.sample(others, rng.randint(1, 2)):
+        extra = rng.randint(min(1, knobs["leftover"]), knobs["leftover"])
+        for pid in rng.sample(others, extra):
             self._cart[pid] = 1
         self._leftover = list(self._cart)
         self._turns = 0
         self._done = False
-        obs = (f"Task: buy exactly {self._qty} units of the cheapest {self._category[:-1]} "
+        units = "unit" if self._qty == 1 else "units"
+        obs = (f"Task: buy exactly {self._qty} {units} of the cheapest {self._category[:-1]} "
                f"(category '{self._category}') rated at least {self._min_rating} that has enough "
                "stock, and nothing else. Reply with one JSON tool call per turn.")
+        if knobs["show_format"]:
+            calls = [_call("view_cart")] if self._leftover else []
+            calls += [_template("remove_from_cart", product_id="id")] if self._leftover else []
+            calls += [_call("list_products", category=self._category),
+                      '{"tool": "add_to_cart", "arguments": {"product_id": "<id>", '
+                      '"quantity": <number>}}',
+                      _call("checkout")]
+            obs += " The calls you need look like: " + " ".join(calls)
         return obs, {"category": self._category, "quantity": self._qty,
-                     "min_rating": self._min_rating}
+                     "min_rating": self._min_rating, "knobs": knobs}
 
     def step(self, action):
         if self._done:
@@ -181,6 +234,8 @@ class Environment:
         return self._cart_view(), 0.0, False, {"tool": tool}
 
     def hint(self):
+        if not self._leftover:
+            return f"The product to buy is {self._target}; the cart starts empty."
         return (f"The product to buy is {self._target}; the cart starts with "
                 f"{', '.join(self._leftover)}, which must be removed.")
 

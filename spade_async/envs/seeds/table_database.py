@@ -30,6 +30,24 @@ TOOLS = [
 ]
 
 
+def _resolve(specs, given):
+    """The knob values of one episode: the given ones, the defaults for the rest, in range."""
+    given = given if isinstance(given, dict) else {}
+    out = {}
+    for key, spec in specs.items():
+        value = given.get(key, spec["default"])
+        if spec["type"] == "int":
+            value = min(spec["max"], max(spec["min"], int(value)))
+        elif spec["type"] == "float":
+            value = min(spec["max"], max(spec["min"], float(value)))
+        elif spec["type"] == "bool":
+            value = bool(value)
+        elif value not in spec["choices"]:
+            value = spec["default"]
+        out[key] = value
+    return out
+
+
 def _call(tool, **arguments):
     return json.dumps({"tool": tool, "arguments": arguments})
 
@@ -101,8 +119,8 @@ class Environment:
     description = (
         "Multi-turn tool use on a small database with two tables: departments(id, name, floor) "
         "and employees(id, name, dept_id, salary). Task: every employee of the department "
-        "located on the floor named in the task whose salary is below the named minimum must "
-        "get exactly that minimum salary; change nothing else. Then call submit with 'count', "
+        "named in the task (by its floor, or by its id) whose salary is below the named minimum "
+        "must get exactly that minimum salary; change nothing else. Then call submit with 'count', "
         "the number of employees whose salary you changed. Tools: query(table, where), "
         "update(table, where, set), submit(count); 'where' is a list of conditions like "
         "{\"column\": \"salary\", \"op\": \"<\", \"value\": 50000} (ops = != < <= > >=). Each "
@@ -113,25 +131,44 @@ class Environment:
     max_turns = 8
     tools = TOOLS
 
+    params = {
+        "employees": {"type": "int", "min": 3, "max": 18, "default": 18,
+                      "description": "employee rows (up to 6 in the asked department)"},
+        "departments": {"type": "int", "min": 1, "max": 4, "default": 4,
+                        "description": "department rows"},
+        "below": {"type": "int", "min": 1, "max": 4, "default": 4,
+                  "description": "most underpaid employees in the asked department (from 2 up, or "
+                                 "exactly 1)"},
+        "by_id": {"type": "bool", "default": False,
+                  "description": "the task names the department's id (off: its floor, to be looked "
+                                 "up)"},
+        "show_format": {"type": "bool", "default": False,
+                        "description": "the task shows the JSON form of each call it needs, "
+                                       "with <placeholders> to fill in"},
+    }
+
     _done = True
     _turns = 0
 
-    def reset(self, seed):
+    def reset(self, seed, params=None):
+        knobs = _resolve(self.params, params)
         rng = random.Random(seed)
-        names = rng.sample(DEPTS, 4)
-        floors = rng.sample(range(1, 12), 4)
-        dept_ids = rng.sample(range(10, 99), 4)
+        nd, ne = knobs["departments"], knobs["employees"]
+        names = rng.sample(DEPTS, nd)
+        floors = rng.sample(range(1, 12), nd)
+        dept_ids = rng.sample(range(10, 99), nd)
         self._tables = {"departments": [{"id": i, "name": n, "floor": f}
                                         for i, n, f in zip(dept_ids, names, floors)],
                         "employees": []}
         self._minimum = rng.randrange(52000, 70000, 500)
-        people = rng.sample([f"{a} {b}" for a in FIRST for b in LAST], 18)
-        target = rng.randrange(4)
-        low = rng.randint(2, 4)
-        emp_ids = rng.sample(range(100, 999), 18)
+        people = rng.sample([f"{a} {b}" for a in FIRST for b in LAST], ne)
+        target = rng.randrange(nd)
+        mine = min(6, ne)  # the first rows belong to the asked department
+        low = min(mine, rng.randint(min(2, knobs["below"]), knobs["below"]))
+        emp_ids = rng.sample(range(100, 999), ne)
         for k, (eid, person) in enumerate(zip(emp_ids, people)):
-            dept = target if k < 6 else rng.randrange(4)
-            below = (k < low) if k < 6 else rng.random() < 0.5
+            dept = target if k < mine else rng.randrange(nd)
+            below = (k < low) if k < mine else rng.random() < 0.5
             salary = (rng.randrange(self._minimum - 15000, self._minimum, 250) if below
                       else rng.randrange(self._minimum, self._minimum + 40000, 250))
             self._tables["employees"].append({"id": eid, "name": person,
@@ -148,10 +185,21 @@ class Environment:
         self._original_depts = [dict(r) for r in self._tables["departments"]]
         self._turns = 0
         self._done = False
-        obs = (f"Task: employees of the department on floor {self._floor} earning less than "
-               f"{self._minimum} must be raised to exactly {self._minimum}. Then submit the "
-               "number of employees changed. Reply with one JSON tool call per turn.")
-        return obs, {"floor": self._floor, "minimum": self._minimum}
+        self._by_id = knobs["by_id"]
+        which = (f"department {self._dept_id} (dept_id {self._dept_id})" if self._by_id
+                 else f"the department on floor {self._floor}")
+        obs = (f"Task: employees of {which} earning less than {self._minimum} must be raised to "
+               f"exactly {self._minimum}. Then submit the number of employees changed. Reply "
+               "with one JSON tool call per turn.")
+        if knobs["show_format"]:
+            where = '[{"column": "<column>", "op": "<op>", "value": <value>}, ...]'
+            calls = [] if self._by_id else [
+                '{"tool": "query", "arguments": {"table": "<table>", "where": ' + where + '}}']
+            calls += ['{"tool": "update", "arguments": {"table": "employees", "where": ' + where
+                      + ', "set": {"salary": <value>}}}',
+                      '{"tool": "submit", "arguments": {"count": <number>}}']
+            obs += " The calls you need look like: " + " ".join(calls)
+        return obs, {"floor": self._floor, "minimum": self._minimum, "knobs": knobs}
 
     def step(self, action):
         if self._done:
@@ -233,8 +281,10 @@ class Environment:
     def solution(self):
         where = [{"column": "dept_id", "op": "=", "value": self._dept_id},
                  {"column": "salary", "op": "<", "value": self._minimum}]
-        return [_call("query", table="departments",
-                      where=[{"column": "floor", "op": "=", "value": self._floor}]),
-                _call("query", table="employees", where=where),
-                _call("update", table="employees", where=where, set={"salary": self._minimum}),
-                _call("submit", count=self._count)]
+        lookup = [] if self._by_id else [_call(
+            "query", table="departments",
+            where=[{"column": "floor", "op": "=", "value": self._floor}])]
+        return lookup + [
+            _call("query", table="employees", where=where),
+            _call("update", table="employees", where=where, set={"salary": self._minimum}),
+            _call("submit", count=self._count)]

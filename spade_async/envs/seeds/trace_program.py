@@ -5,6 +5,27 @@ import re
 
 NAMES = ("a", "b", "c")
 CMPS = ("<", ">", "==", "!=")
+# Answers the validator's constant probes would hit: 42, and the 9 its random text ends in.
+SHUNNED = (9, 42)
+OPERATORS = {"+": ["+"], "+-": ["+", "-"], "all": ["+", "+", "-", "-", "*", "//", "%"]}
+
+
+def _resolve(specs, given):
+    """The knob values of one episode: the given ones, the defaults for the rest, in range."""
+    given = given if isinstance(given, dict) else {}
+    out = {}
+    for key, spec in specs.items():
+        value = given.get(key, spec["default"])
+        if spec["type"] == "int":
+            value = min(spec["max"], max(spec["min"], int(value)))
+        elif spec["type"] == "float":
+            value = min(spec["max"], max(spec["min"], float(value)))
+        elif spec["type"] == "bool":
+            value = bool(value)
+        elif value not in spec["choices"]:
+            value = spec["default"]
+        out[key] = value
+    return out
 
 
 def _last_int(text):
@@ -14,32 +35,32 @@ def _last_int(text):
     return int(found[-1])
 
 
-def _operand(rng, in_loop, target):
+def _operand(rng, in_loop, target, names):
     roll = rng.random()
     if in_loop and roll < 0.25:
         return ("var", "i")
     if roll < 0.65:
-        return ("var", rng.choice([n for n in NAMES if n != target] or list(NAMES)))
+        return ("var", rng.choice([n for n in names if n != target] or list(names)))
     return ("const", rng.randint(1, 9))
 
 
-def _assign(rng, in_loop):
-    target = rng.choice(NAMES)
-    op = rng.choice(["+", "+", "-", "-", "*", "//", "%"])
-    left = ("var", target) if rng.random() < 0.6 else _operand(rng, in_loop, target)
+def _assign(rng, in_loop, names, operators):
+    target = rng.choice(names)
+    op = rng.choice(operators)
+    left = ("var", target) if rng.random() < 0.6 else _operand(rng, in_loop, target, names)
     if op == "*":
         right = ("const", rng.randint(2, 3))
     elif op in ("//", "%"):
         right = ("const", rng.randint(2, 5))
     else:
-        right = _operand(rng, in_loop, target)
+        right = _operand(rng, in_loop, target, names)
         while right == left:
             right = ("const", rng.randint(1, 9))
     return ("assign", target, left, op, right)
 
 
-def _cond(rng):
-    var = rng.choice(NAMES)
+def _cond(rng, names):
+    var = rng.choice(names)
     if rng.random() < 0.4:
         return (var, "mod2")
     return (var, rng.choice(CMPS), rng.randint(0, 12))
@@ -108,42 +129,73 @@ class Environment:
     max_turns = 1
     tools = []
 
+    params = {
+        "loop": {"type": "int", "min": 0, "max": 5, "default": 5,
+                 "description": "most loop iterations (0: no loop, straight-line code)"},
+        "statements": {"type": "int", "min": 1, "max": 3, "default": 2,
+                       "description": "most assignments in the loop body (besides the if)"},
+        "branch": {"type": "bool", "default": True, "description": "an if/else in the body"},
+        "operators": {"type": "choice", "choices": ["+", "+-", "all"], "default": "all",
+                      "description": "arithmetic used: +; + and -; also *, //, %"},
+        "variables": {"type": "int", "min": 1, "max": 3, "default": 3,
+                      "description": "variables in the program"},
+    }
+
     _done = True
     _turns = 0
 
-    def reset(self, seed):
+    def reset(self, seed, params=None):
+        knobs = _resolve(self.params, params)
         rng = random.Random(seed)
+        names = NAMES[:knobs["variables"]]
+        operators = OPERATORS[knobs["operators"]]
+        looped = knobs["loop"] > 0
         while True:
-            init = [("assign", n, ("const", rng.randint(1, 9)), "+", ("const", 0)) for n in NAMES]
-            body = [_assign(rng, True) for _ in range(rng.randint(1, 2))]
-            other = [_assign(rng, True)] if rng.random() < 0.7 else []
-            body.insert(rng.randint(0, len(body)), ("if", _cond(rng), [_assign(rng, True)], other))
-            loop = ("for", rng.randint(3, 5), body)
-            ask = rng.choice(NAMES)
-            src = [n for n in NAMES if n != ask]
-            final = [("assign", ask, ("var", ask), rng.choice(["+", "-"]), ("var", rng.choice(src)))]
+            init = [("assign", n, ("const", rng.randint(1, 9)), "+", ("const", 0)) for n in names]
+            body = [_assign(rng, looped, names, operators)
+                    for _ in range(rng.randint(1, knobs["statements"]))]
+            if knobs["branch"]:
+                other = [_assign(rng, looped, names, operators)] if rng.random() < 0.7 else []
+                body.insert(rng.randint(0, len(body)), ("if", _cond(rng, names),
+                                                        [_assign(rng, looped, names, operators)],
+                                                        other))
+            ask = None
+            if looped:
+                code = [("for", rng.randint(min(3, knobs["loop"]), knobs["loop"]), body)]
+                ask = rng.choice(names)
+                src = [n for n in names if n != ask] or [ask]
+                signs = ["+", "-"] if "-" in operators else ["+"]
+                final = [("assign", ask, ("var", ask), rng.choice(signs),
+                          ("var", rng.choice(src)))]
+            else:  # straight-line code; the hint shows the values before its last line
+                code, final = body[:-1], body[-1:]
+                ask = rng.choice(names)
             env = {}
             try:
                 _run(init, env)
-                _run([loop], env)
-                after_loop = {n: env[n] for n in NAMES}
+                start = {n: env[n] for n in names}
+                _run(code, env)
+                before = {n: env[n] for n in names}
                 _run(final, env)
             except OverflowError:
                 continue
             answer = env[ask]
-            if abs(answer) < 3 or answer == 42 or after_loop[ask] == answer:
+            if abs(answer) < 3 or answer in SHUNNED or answer == start[ask]:
                 continue
-            if len(set(env["seen"])) < 2:  # the if must go both ways during the loop
+            shown = before if looped or len(body) > 1 else {}
+            if answer in shown.values():  # the hint must not hold the answer
                 continue
+            if looped and knobs["branch"] and len(set(env["seen"])) < 2:
+                continue  # the if must go both ways during the loop
             break
-        lines = [f"{n} = {s[2][1]}" for n, s in zip(NAMES, init)] + _render([loop] + final)
+        lines = [f"{n} = {s[2][1]}" for n, s in zip(names, init)] + _render(code + final)
         self._program = "\n".join(lines)
-        self._ask, self._answer, self._after = ask, answer, after_loop
+        self._ask, self._answer, self._shown, self._looped = ask, answer, shown, looped
         self._obs = (f"Program:\n{self._program}\n\nWhat is the value of {ask} after the program "
                      "finishes? Reply 'ANSWER: <integer>'.")
         self._turns = 0
         self._done = False
-        return self._obs, {"variable": ask, "lines": len(lines)}
+        return self._obs, {"variable": ask, "lines": len(lines), "knobs": knobs}
 
     def step(self, action):
         if self._done:
@@ -166,8 +218,13 @@ class Environment:
         return f"Incorrect: {self._ask} is not {guess} at the end.", 0.0, True, {"correct": False}
 
     def hint(self):
-        vals = ", ".join(f"{n}={self._after[n]}" for n in NAMES)
-        return f"Right after the for loop finishes: {vals}. Only the last line remains."
+        vals = ", ".join(f"{n}={v}" for n, v in self._shown.items())
+        if self._looped:
+            return f"Right after the for loop finishes: {vals}. Only the last line remains."
+        if vals:
+            return f"Just before the last statement runs: {vals}."
+        return (f"Only the last line changes a variable: put the values set above it into it "
+                f"and compute {self._ask}.")
 
     def solution(self):
         return [f"ANSWER: {self._answer}"]

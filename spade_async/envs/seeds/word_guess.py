@@ -13,6 +13,24 @@ WORDS = (
 ).split()
 
 
+def _resolve(specs, given):
+    """The knob values of one episode: the given ones, the defaults for the rest, in range."""
+    given = given if isinstance(given, dict) else {}
+    out = {}
+    for key, spec in specs.items():
+        value = given.get(key, spec["default"])
+        if spec["type"] == "int":
+            value = min(spec["max"], max(spec["min"], int(value)))
+        elif spec["type"] == "float":
+            value = min(spec["max"], max(spec["min"], float(value)))
+        elif spec["type"] == "bool":
+            value = bool(value)
+        elif value not in spec["choices"]:
+            value = spec["default"]
+        out[key] = value
+    return out
+
+
 def _feedback(secret, guess):
     marks = ["-"] * 5
     left = {}
@@ -36,24 +54,34 @@ class Environment:
         "nothing else, e.g. 'GUESS: crane' or 'crane'. The feedback has one mark per letter: G = "
         "right letter in the right place, Y = the letter is in the word elsewhere, - = not in "
         "the word (repeated letters are marked at most as often as they occur). Guessing the word "
-        "wins; you have 6 guesses, and a word outside the list wastes a turn."
+        "wins; the task says how many guesses you have (at most 6), and a word outside the list "
+        "wastes a turn."
     )
     max_turns = 6
     tools = []
 
+    params = {
+        "words": {"type": "int", "min": 2, "max": 50, "default": 50,
+                  "description": "words in the shown list (the secret is one of them)"},
+        "guesses": {"type": "int", "min": 1, "max": 6, "default": 6,
+                    "description": "guesses allowed"},
+    }
+
     _done = True
     _turns = 0
 
-    def reset(self, seed):
+    def reset(self, seed, params=None):
+        knobs = _resolve(self.params, params)
         rng = random.Random(seed)
-        self._words = sorted(rng.sample(WORDS, 50))
+        self._budget = knobs["guesses"]
+        self._words = sorted(rng.sample(WORDS, knobs["words"]))
         self._secret = rng.choice(self._words)
         self._turns = 0
         self._done = False
         obs = (f"The secret word is one of these {len(self._words)} words:\n"
                + " ".join(self._words)
-               + f"\nYou have {self.max_turns} guesses. Reply 'GUESS: <word>'.")
-        return obs, {"words": len(self._words)}
+               + f"\nYou have {self._budget} guesses. Reply 'GUESS: <word>'.")
+        return obs, {"words": len(self._words), "knobs": knobs}
 
     def step(self, action):
         if self._done:
@@ -63,9 +91,9 @@ class Environment:
             obs, reward, term, info = self._act(str(action))
         except Exception as exc:  # step must never raise
             obs, reward, term, info = "internal error: " + str(exc)[:200], 0.0, False, {}
-        trunc = (not term) and self._turns >= self.max_turns
+        trunc = (not term) and self._turns >= self._budget
         self._done = term or trunc
-        left = self.max_turns - self._turns
+        left = self._budget - self._turns
         if not term:
             obs += f" ({left} guesses left)" if left else " No guesses left; the game is over."
         return obs, float(reward), term, trunc, info
@@ -87,7 +115,7 @@ class Environment:
 
     def solution(self):
         cands, moves = list(self._words), []
-        while len(moves) < self.max_turns:
+        while len(moves) < self._budget:
             if len(cands) <= 2:
                 guess = cands[0]
             else:

@@ -1,0 +1,186 @@
+"""The designer's edit move (DESIGN §12, as ACCEL edits levels): new knob values for a stored
+environment, chosen from a list of neighbouring settings under the server's structured outputs.
+
+Why a choice list: the answer is always a valid setting (SmolLM2-135M writes no valid module,
+but it can pick), the move stays small like ACCEL's mutations, and the constraint is one the
+trainer can rebuild exactly (spade_async/constrained.py), which is what keeps the importance
+ratio honest: vLLM reports the log-probs of the *constrained* distribution (the grammar's
+bitmask is applied to the logits before they are computed), so the trainer renormalises its own
+over the same allowed ids.
+
+An edit is a `Design` with move "edit": the family's code, the new params and, per sampled
+token, the allowed ids. The daemon validates, plays and rewards it exactly like a written one.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from spade_async.chat_tokens import ChatTokens
+from spade_async.constrained import ConstraintError, TokenBytes, choice_allowed_sets, chosen
+from spade_async.designer import Design
+from spade_async.endpoints.pool import EndpointPool
+from spade_async.envs.contract import ParamSpec
+
+
+@dataclass(frozen=True)
+class VariantView:
+    """What the designer is shown of one played variant."""
+
+    params: dict[str, Any]
+    episodes: int
+    solve_rate: float | None  # mean unhinted score
+    hinted_rate: float | None
+
+
+def render_params(params: dict[str, Any]) -> str:
+    """The text of a setting in prompts and answers: sorted keys, JSON."""
+    return json.dumps(params, sort_keys=True, ensure_ascii=False, separators=(", ", ": "))
+
+
+def _int_steps(spec: ParamSpec, v: int) -> list[int]:
+    span = int(spec.max) - int(spec.min)
+    steps = {v - 1, v + 1}
+    if span >= 8:  # wide ranges also get a jump, so a few edits can cross them
+        jump = max(2, span // 4)
+        steps |= {v - jump, v + jump}
+    return sorted(x for x in steps if spec.min <= x <= spec.max and x != v)
+
+
+def _float_steps(spec: ParamSpec, v: float) -> list[float]:
+    span = float(spec.max) - float(spec.min)
+    out = {round(min(spec.max, max(spec.min, v + d * span)), 6) for d in (-0.25, -0.1, 0.1, 0.25)}
+    return sorted(x for x in out if x != v)
+
+
+def _choice_steps(spec: ParamSpec, v: Any) -> list[Any]:
+    choices = list(spec.choices or ())
+    i = choices.index(v) if v in choices else 0
+    return [choices[j] for j in (i - 1, i + 1) if 0 <= j < len(choices)]
+
+
+def easiest_params(specs: Sequence[ParamSpec]) -> dict[str, Any]:
+    """Every knob at its easy end, by the contract's convention (DESIGN §3): an int or float
+    knob's min, a choice knob's first choice, false. Where an environment never played gets
+    edited from, as ACCEL starts from simple levels and lets edits make them harder."""
+    out: dict[str, Any] = {}
+    for spec in specs:
+        if spec.type in ("int", "float"):
+            out[spec.name] = spec.min
+        elif spec.type == "bool":
+            out[spec.name] = False
+        else:
+            out[spec.name] = (spec.choices or (spec.default,))[0]
+    return out
+
+
+def candidate_params(specs: Sequence[ParamSpec], current: dict[str, Any], rng: random.Random,
+                     limit: int) -> list[dict[str, Any]]:
+    """Neighbours of `current`: one knob moved one step (an int knob on a wide range may also
+    jump a quarter of it). At most `limit`, drawn evenly over the knobs, in a shuffled order
+    so the list's position carries no hint."""
+    per_knob: list[list[dict[str, Any]]] = []
+    for spec in specs:
+        v = current[spec.name]
+        if spec.type == "int":
+            values: list[Any] = _int_steps(spec, int(v))
+        elif spec.type == "float":
+            values = _float_steps(spec, float(v))
+        elif spec.type == "bool":
+            values = [not v]
+        else:
+            values = _choice_steps(spec, v)
+        per_knob.append([{**current, spec.name: x} for x in values])
+    out: list[dict[str, Any]] = []
+    while len(out) < limit and any(per_knob):  # round robin over knobs
+        for options in per_knob:
+            if options and len(out) < limit:
+                out.append(options.pop(rng.randrange(len(options))))
+    rng.shuffle(out)
+    return out
+
+
+SIGNAL_TEXT = {
+    "hint_gap": "the agent should fail without the hint and succeed with it",
+    "learnability": "the agent should solve it about half of the time: neither always nor never",
+    "both": "the agent should solve it about half of the time without the hint, and the hint "
+            "should help",
+}
+
+
+def _knob_line(spec: ParamSpec) -> str:
+    if spec.type in ("int", "float"):
+        rng_text = f"{spec.type} from {spec.min} to {spec.max}"
+    elif spec.type == "bool":
+        rng_text = "true or false"
+    else:
+        rng_text = "one of " + ", ".join(json.dumps(c) for c in spec.choices or ())
+    desc = f": {spec.description}" if spec.description else ""
+    return f"- {spec.name} ({rng_text}, default {json.dumps(spec.default)}){desc}"
+
+
+def edit_messages(name: str, description: str, specs: Sequence[ParamSpec],
+                  current: dict[str, Any], played: Sequence[VariantView],
+                  options: Sequence[str], signal: str) -> list[dict[str, str]]:
+    system = ("You are the Environment Designer. You tune the difficulty knobs of a training "
+              "environment so that it teaches the agent the most: "
+              f"{SIGNAL_TEXT[signal]}. Answer with one of the options, copied exactly.")
+    lines = [f"Environment: {name}", f"Task: {description.strip()[:600]}", "Knobs:"]
+    lines += [_knob_line(s) for s in specs]
+    if played:
+        lines.append("Played so far (settings: episodes, solved without hint, with hint):")
+        for v in played:
+            rate = "-" if v.solve_rate is None else f"{v.solve_rate:.2f}"
+            hinted = "-" if v.hinted_rate is None else f"{v.hinted_rate:.2f}"
+            lines.append(f"- {render_params(v.params)}: {v.episodes}, {rate}, {hinted}")
+    lines.append(f"Current settings: {render_params(current)}")
+    lines.append("Options:")
+    lines += [f"- {o}" for o in options]
+    lines.append("Which settings next?")
+    return [{"role": "system", "content": system}, {"role": "user", "content": "\n".join(lines)}]
+
+
+async def propose_edit(pool: EndpointPool, chat: ChatTokens, vocab: TokenBytes, *,
+                       env_id: str, name: str, description: str, specs: Sequence[ParamSpec],
+                       current: dict[str, Any], played: Sequence[VariantView],
+                       candidates: Sequence[dict[str, Any]], signal: str, model: str,
+                       policy_version: int, temperature: float,
+                       deadline_s: float | None) -> Design:
+    """One edit: the model picks among `candidates` under a choice constraint. The Design's
+    `params` is the chosen setting (None when the reply was cut short or broke the
+    constraint: an invalid design, as a module that does not parse is), and `allowed` holds
+    the constraint's allowed ids per sampled token."""
+    options = [render_params(c) for c in candidates]
+    prompt = chat.prompt_ids(edit_messages(name, description, specs, current, played, options,
+                                           signal))
+    # Every option spelled one byte per token, plus the stop token: the answer always fits.
+    budget = max(len(o.encode()) for o in options) + 2
+    out = await pool.complete(prompt, model=model, max_tokens=budget, temperature=temperature,
+                              deadline_s=deadline_s,
+                              extra={"structured_outputs": {"choice": options}})
+    sampled = list(out.token_ids)
+    params: dict[str, Any] | None = None
+    allowed: list[list[int]] | None = None
+    error = ""
+    try:
+        allowed = choice_allowed_sets(vocab, options, sampled)
+        pick = chosen(vocab, options, sampled)
+        if pick is None:
+            error = f"the answer stopped before completing an option ({out.finish_reason})"
+        else:
+            params = candidates[options.index(pick)]
+    except ConstraintError as exc:
+        error = f"the server's answer broke the choice constraint: {exc}"
+    return Design(
+        design_id=f"e-{uuid.uuid4().hex[:12]}", doc_id=f"edit:{env_id}", chunk_id=env_id,
+        policy_version=policy_version, model=model, text=chat.decode(sampled), code=None,
+        prompt_len=len(prompt), token_ids=list(prompt) + sampled,
+        loss_mask=[0] * len(prompt) + [1] * len(sampled),
+        logprobs=[0.0] * len(prompt) + list(out.logprobs),
+        move="edit", parent=env_id, params=params, allowed=allowed, error=error,
+    )

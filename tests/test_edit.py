@@ -1,0 +1,209 @@
+"""The designer's edit move: neighbouring settings, the choice-constrained answer, and the daemon
+running edits against the fake endpoint, where the reward points the knob toward what the
+targeting signal asks (learnability: an agent that solves about half)."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+
+import pytest
+
+from spade_async.config import (
+    DaemonConfig,
+    EndpointConfig,
+    PathsConfig,
+    PoolConfig,
+    RegretConfig,
+    RolloutConfig,
+    SandboxConfig,
+    SpadeConfig,
+)
+from spade_async.constrained import TokenBytes
+from spade_async.corpus import CorpusConfig, CorpusSampler, JsonlSourceConfig
+from spade_async.daemon import Daemon
+from spade_async.edit import candidate_params, edit_messages, propose_edit, render_params
+from spade_async.endpoints.pool import EndpointPool
+from spade_async.envs.contract import check_params_schema, resolve_params
+from spade_async.sandbox.runtime import Sandbox
+from spade_async.spool import FileSpool
+from spade_async.testing.memory import DictMemory
+
+# Solved unhinted exactly when n % 12 >= level (the scripted agent below): p = (12 - level) / 12.
+LEVEL_ENV = '''import random
+
+
+class Environment:
+    name = "levels"
+    description = "Reply with the number you are shown."
+    max_turns = 1
+    params = {"level": {"type": "int", "min": 0, "max": 12, "default": 12,
+                        "description": "higher is harder"}}
+
+    def reset(self, seed, params=None):
+        self.level = (params or {}).get("level", 12)
+        self.n = random.Random(seed).randint(100, 999)
+        self.done = False
+        return f"level {self.level}: say {self.n}", {}
+
+    def step(self, action):
+        if self.done:
+            return "over", 0.0, True, False, {}
+        self.done = True
+        return "done", 1.0 if action.strip() == str(self.n) else 0.0, True, False, {}
+
+    def hint(self):
+        return "repeat what you see"
+
+    def solution(self):
+        return [str(self.n)]
+'''
+
+SPECS = check_params_schema({
+    "digits": {"type": "int", "min": 1, "max": 20, "default": 10},
+    "op": {"type": "choice", "choices": ["+", "-", "*"], "default": "+"},
+    "carry": {"type": "bool", "default": False},
+    "noise": {"type": "float", "min": 0.0, "max": 1.0, "default": 0.5},
+})
+
+
+def test_candidates_are_one_knob_neighbours_within_range():
+    current = resolve_params(SPECS, {})
+    cands = candidate_params(SPECS, current, random.Random(0), limit=32)
+    assert cands and all(resolve_params(SPECS, c) == c for c in cands)  # every one is valid
+    for c in cands:
+        assert sum(c[k] != current[k] for k in current) == 1
+    digits = sorted(c["digits"] for c in cands if c["digits"] != 10)
+    assert digits == [6, 9, 11, 14]  # one step, and a quarter-range jump on a wide range
+    assert sorted(c["op"] for c in cands if c["op"] != "+") == ["-"]  # the adjacent choice
+    assert [c["carry"] for c in cands if c["carry"]] == [True]
+    # at a range's end only the inward moves remain; the limit is spread over the knobs
+    edge = candidate_params(SPECS, {**current, "digits": 1}, random.Random(0), limit=32)
+    assert sorted(c["digits"] for c in edge if c["digits"] != 1) == [2, 5]
+    few = candidate_params(SPECS, current, random.Random(1), limit=4)
+    assert len(few) == 4 and {next(k for k in current if c[k] != current[k])
+                              for c in few} == set(current)
+
+
+def test_prompt_shows_knobs_stats_and_options():
+    current = resolve_params(SPECS, {})
+    options = [render_params(c) for c in candidate_params(SPECS, current, random.Random(0), 4)]
+    msgs = edit_messages("adder", "Add two numbers.", SPECS, current, [], options, "learnability")
+    user = msgs[1]["content"]
+    assert "half of the time" in msgs[0]["content"]
+    assert "- digits (int from 1 to 20, default 10)" in user
+    assert 'one of "+", "-", "*"' in user
+    assert all(f"- {o}" in user for o in options)
+
+
+@pytest.fixture
+def fake_with_choices(fake):
+    server, chat = fake
+    server.state.encode = chat.encode
+    return server, chat
+
+
+async def test_propose_edit_reads_the_constrained_answer(fake_with_choices, tmp_path):
+    server, chat = fake_with_choices
+    vocab = TokenBytes(chat.tok, chat.eos_ids)
+    current = resolve_params(SPECS, {})
+    cands = candidate_params(SPECS, current, random.Random(0), 4)
+    server.state.choose = lambda choices, prompt: choices[2]
+    cfg = PoolConfig(wait_for_endpoint_s=5)
+    async with EndpointPool([EndpointConfig(name="fake", base_url=server.base_url)], cfg) as pool:
+        kw = dict(env_id="e1", name="adder", description="Add.", specs=SPECS, current=current,
+                  played=[], candidates=cands, signal="hint_gap", model="policy",
+                  policy_version=3, temperature=1.0, deadline_s=None)
+        d = await propose_edit(pool, chat, vocab, **kw)
+        body = server.state.completions[-1]
+        assert body["structured_outputs"]["choice"] == [render_params(c) for c in cands]
+        assert d.move == "edit" and d.params == cands[2] and d.parent == "e1"
+        sampled = [t for t, m in zip(d.token_ids, d.loss_mask, strict=True) if m]
+        assert len(d.allowed) == len(sampled) and all(
+            t in a for t, a in zip(sampled, d.allowed, strict=True))
+        # a server whose answer breaks the constraint: no params, and no trusted sample
+        server.state.choose = lambda choices, prompt: '{"digits": 99}'
+        bad = await propose_edit(pool, chat, vocab, **kw)
+        assert bad.params is None and bad.allowed is None and "constraint" in bad.error
+
+
+def _daemon_config(tmp_path, server, signal: str) -> SpadeConfig:
+    corpus = tmp_path / "docs.jsonl"
+    corpus.write_text(json.dumps({"id": "doc1", "text": "Numbers. " * 20}) + "\n")
+    return SpadeConfig(
+        paths=PathsConfig(data_dir=tmp_path / "data"),
+        endpoints=[EndpointConfig(name="fake", base_url=server.base_url)],
+        pool=PoolConfig(wait_for_endpoint_s=5),
+        sandbox=SandboxConfig(slots=8, warm_workers=2),
+        rollout=RolloutConfig(k_unhinted=12, k_hinted=2, max_tokens_per_turn=8),
+        daemon=DaemonConfig(moves={"write": 0.0, "edit": 1.0}, edits_per_variant=4,
+                            edit_options=4, examples_k=0, replay_probability=0.0,
+                            documents_in_flight=1),
+        regret=RegretConfig(signal=signal),
+        corpus=CorpusConfig(source=JsonlSourceConfig(path=corpus, id_field="id"), min_chars=10),
+    )
+
+
+def _agent(chat):
+    def script(prompt_ids: list[int]) -> list[int]:
+        text = chat.tok.decode(prompt_ids)
+        level, n = (int(x) for x in re.findall(r"level (\d+): say (\d+)", text)[-1])
+        reply = str(n) if n % 12 >= level else "no idea"
+        return chat.encode(reply) + [chat.tok.eos_token_id]
+    return script
+
+
+async def test_daemon_edits_move_the_knob_where_learnability_pays(fake_with_choices, tmp_path):
+    server, chat = fake_with_choices
+    server.state.script = _agent(chat)
+    pick = random.Random(0)
+    server.state.choose = lambda choices, prompt: pick.choice(choices)
+    cfg = _daemon_config(tmp_path, server, "learnability")
+    memory = DictMemory()
+    memory.envs["lv"] = {"code": LEVEL_ENV, "status": "accepted", "doc_id": "seed:levels",
+                         "chunk_id": "seed", "reason": "", "policy_version": 0}
+    spool = FileSpool(tmp_path / "spool", writer=True)
+    sampler = CorpusSampler.from_config(cfg.corpus, tmp_path / "corpus.json", autocommit=False)
+    async with EndpointPool(cfg.endpoints, cfg.pool) as pool, Sandbox(cfg.sandbox) as sb:
+        daemon = Daemon(cfg, pool=pool, sandbox=sb, memory=memory, spool=spool, corpus=sampler,
+                        chat=chat, run_dir=tmp_path / "run")
+        await daemon.run(max_iterations=4)
+
+    designs = [json.loads(x) for x in (tmp_path / "run" / "designs.jsonl").read_text().split("\n")
+               if x]
+    assert designs and {d["move"] for d in designs} == {"edit"}
+    assert all(d["status"] == "accepted" and d["family"] == "levels" for d in designs)
+    # the first edits start from the easiest point (level 0, which the agent always solves:
+    # nothing to learn); later ones from the last variant played
+    assert designs[0]["parent"].startswith("lv.")
+    assert {d["params"]["level"] for d in designs[:4]} <= {1, 3}
+    plays = [json.loads(x) for x in (tmp_path / "run" / "plays.jsonl").read_text().split("\n")
+             if x]
+    assert all(p["move"] == "edit" and p["name"] == "levels" for p in plays)
+    levels = [p["params"]["level"] for p in plays]
+    assert max(levels) >= 3  # the knob moved up, toward where the agent solves about half
+    for p in plays:  # the reward is learnability: 4 p (1 - p) of the unhinted solve rate
+        solved = sum(s >= 1 for s in p["unhinted"]) / len(p["unhinted"])
+        assert p["designer_reward"] == pytest.approx(4 * solved * (1 - solved))
+        assert p["signal"] == "learnability"
+    # memory stats per variant: each level its own entry
+    assert {d.get("level") for d in memory.params_played} == set(levels)
+    # designer samples: the edit's tokens with their allowed sets; within a group the edit
+    # that landed nearer p = 1/2 got the larger advantage
+    seen_group = False
+    seq = 0
+    while (batch := spool.claim_next(seq)) is not None:
+        seq = batch.seq
+        edits = [s for s in batch.samples() if s.role == "designer"]
+        for s in edits:
+            assert s.move == "edit" and s.allowed_tokens is not None
+            assert len(s.allowed_tokens) == sum(s.loss_mask)
+        if len({s.reward for s in edits}) > 1:
+            seen_group = True
+            by_reward = sorted(edits, key=lambda s: s.reward)
+            assert by_reward[0].advantage < 0 < by_reward[-1].advantage
+    assert seen_group
+    counters = json.loads((tmp_path / "run" / "status.json").read_text())["counters"]
+    assert counters["moves_edit_proposed"] == len(designs) == counters["moves_edit_accepted"]
+    assert counters["moves_edit_played"] == len(plays) and "moves_write_proposed" not in counters
