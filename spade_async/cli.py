@@ -720,8 +720,8 @@ def evaluate(
     config: Path = ConfigOpt,
     version: str = typer.Option("latest", "--version", help="policy version N, or 'latest' "
                                 "(the one the servers hold now)"),
-    suite: list[str] = typer.Option(None, "--suite", help="reasoning-gym or bfcl-multi-turn "
-                                    "(repeatable; default: eval.suites)"),
+    suite: list[str] = typer.Option(None, "--suite", help="reasoning-gym, bfcl-multi-turn or "
+                                    "probe (repeatable; default: eval.suites)"),
     limit: int = typer.Option(None, "--limit", min=1, help="only the first N tasks of a suite"),
     as_json: bool = JsonOpt,
 ) -> None:
