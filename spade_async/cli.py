@@ -788,8 +788,15 @@ def report(
 ) -> None:
     """Plots of a run (live or finished): regret and solve rates, acceptance and rejection
     reasons, memory diversity, the embedding map, trainer loss and log-prob mismatch,
-    held-out scores; PNG files plus one HTML page that holds them."""
-    from spade_async.report import write_report
+    held-out scores, designer moves, the curriculum the edits set per family, the probe's
+    solve rate per version; PNG files plus one HTML page that holds them."""
+    from spade_async.report import (
+        CURRICULUM_HEAD,
+        curriculum_cells,
+        moves_text,
+        probe_text,
+        write_report,
+    )
 
     cfg = _config(config)
     out = out or cfg.paths.data_dir / "report"
@@ -799,6 +806,16 @@ def report(
         return
     typer.echo(f"{s['designs']} designs ({s['accepted']} accepted), {s['episodes']} episodes, "
                f"{s['trainer_steps']} trainer steps, versions {s['versions_published']}")
+    typer.echo(f"moves: {moves_text(s['moves'])}")
+    if s["curriculum"]:
+        rows = [CURRICULUM_HEAD, *(curriculum_cells(r) for r in s["curriculum"])]
+        widths = [max(len(r[i]) for r in rows) for i in range(len(CURRICULUM_HEAD))]
+        typer.echo("curriculum:")
+        for r in rows:
+            typer.echo("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True))
+                       .rstrip())
+    if s["probe"]:
+        typer.echo("probe: " + "; ".join(probe_text(r) for r in s["probe"]))
     typer.echo(f"report: {out / 'index.html'}")
 
 

@@ -6,7 +6,12 @@ Reads only what the processes already write, so it works on a live run or a fini
   <data_dir>/run/plays.jsonl       one line per played environment: regret, hinted/unhinted means
   the memory (LanceDB)             every stored environment, its embedding and regret stats
   <trainer root>/metrics.jsonl     one line per trainer step: loss, log-prob mismatch, version
-  <data_dir>/eval/results.jsonl    held-out evaluation scores per policy version (`spade eval`)
+  <data_dir>/eval/results.jsonl    evaluation scores per policy version (`spade eval`): the
+                                   held-out suites, and the probe's solve rate on fixed training
+                                   variants (with its 95% Wilson interval)
+The designer's moves (write / edit, DESIGN §12) and the curriculum its edits set per family come
+from the `move`, `family`/`name`, `params` and `variant_id` fields of designs.jsonl and
+plays.jsonl; records written before those fields existed count as writes (or replays).
 Every plot renders, with "no data yet" where a source is still empty, so a report of a run that
 has just started is complete too.
 """
@@ -14,6 +19,7 @@ has just started is complete too.
 from __future__ import annotations
 
 import html
+import itertools
 import json
 import math
 from collections import Counter
@@ -316,11 +322,13 @@ def plot_trainer(d: RunData, ax_loss, ax_lp) -> None:
 
 
 def plot_eval(d: RunData, ax) -> None:
-    if not d.evals:
+    if not any(r.get("suite") != PROBE for r in d.evals):
         _empty(ax, "evaluations (`spade eval`)")
     else:
         by_suite: dict[str, list[tuple[int, float]]] = {}
         for r in d.evals:
+            if r.get("suite") == PROBE:
+                continue  # not held out: its own plot, with intervals
             by_suite.setdefault(str(r.get("suite")), []).append(
                 (int(r.get("version", 0)), _num(r.get("score"))))
         for suite, pts in sorted(by_suite.items()):
@@ -331,6 +339,309 @@ def plot_eval(d: RunData, ax) -> None:
         ax.set_ylim(-0.05, 1.05)
         ax.legend(loc="best", fontsize=8)
     ax.set_title("Held-out evaluation per policy version")
+
+
+# ---- designer moves, the curriculum, the probe ---------------------------------------------
+
+DESIGN_MOVES = ("write", "edit")
+PLAY_MOVES = ("write", "edit", "replay", "fixed")
+PROBE = "probe"
+
+
+def design_move(design: dict) -> str:
+    return design.get("move") or "write"  # before edits existed, every design was a write
+
+
+def play_move(play: dict) -> str:
+    return play.get("move") or ("replay" if play.get("replayed") else "write")
+
+
+def _bins(times: np.ndarray, bins: int) -> tuple[np.ndarray, np.ndarray]:
+    """Equal time bins over `times`: (edges, the bin of each time)."""
+    edges = np.linspace(times.min(), times.max() + 1e-9, bins + 1)
+    return edges, np.clip(np.searchsorted(edges, times, side="right") - 1, 0, bins - 1)
+
+
+def moves_summary(d: RunData, bins: int = 20) -> dict[str, Any]:
+    """Per move: designs proposed and accepted, plays scored (write and edit), plays of the
+    replay sampler and of the fixed baseline; the share of proposals that reached a scored
+    play; and the same counts per time bin (minutes since the run started)."""
+    out: dict[str, Any] = {}
+    events: list[tuple[float, str]] = []  # (minute, "<move>_<stage>")
+    t0 = d.t0
+    for x in d.designs:
+        m = design_move(x)
+        events.append(((float(x["time"]) - t0) / 60.0, f"{m}_proposed"))
+        if x.get("status") == "accepted":
+            events.append(((float(x["time"]) - t0) / 60.0, f"{m}_accepted"))
+    for p in d.plays:
+        events.append(((float(p["time"]) - t0) / 60.0, f"{play_move(p)}_played"))
+    counts = Counter(k for _, k in events)
+    for m in DESIGN_MOVES:
+        got = {k: counts.get(f"{m}_{k}", 0) for k in ("proposed", "accepted", "played")}
+        got["played_share"] = (round(got["played"] / got["proposed"], 4) if got["proposed"]
+                               else None)
+        out[m] = got
+    for m in PLAY_MOVES[2:]:
+        out[m] = {"played": counts.get(f"{m}_played", 0)}
+    timeline: list[dict[str, Any]] = []
+    if events:
+        t = np.array([e[0] for e in events])
+        nb = min(bins, max(1, len(events) // 4))
+        edges, which = _bins(t, nb)
+        for b in range(nb):
+            row: dict[str, Any] = {"minute": round(float(edges[b]), 2)}
+            row |= Counter(k for (_, k), w in zip(events, which, strict=True) if w == b)
+            timeline.append(row)
+    out["timeline"] = timeline
+    return out
+
+
+def plot_moves(d: RunData, ax) -> None:
+    stages = (("proposed", "-"), ("accepted", "--"), ("played", ":"))
+    drawn = False
+    t0 = d.t0
+    for i, m in enumerate(DESIGN_MOVES):
+        for stage, ls in stages:
+            if stage == "played":
+                recs = [p for p in d.plays if play_move(p) == m]
+            else:
+                recs = [x for x in d.designs if design_move(x) == m
+                        and (stage == "proposed" or x.get("status") == "accepted")]
+            if not recs:
+                continue
+            t = np.sort(_minutes(recs, t0))
+            ax.step(t, np.arange(1, len(t) + 1), where="post", ls=ls, color=f"C{i}",
+                    lw=1.6, label=f"{m} {stage}")
+            drawn = True
+    for j, m in enumerate(PLAY_MOVES[2:]):
+        recs = [p for p in d.plays if play_move(p) == m]
+        if recs:
+            t = np.sort(_minutes(recs, t0))
+            ax.step(t, np.arange(1, len(t) + 1), where="post", color=f"{0.35 + 0.25 * j}",
+                    lw=1.2, label=f"{m} played")
+            drawn = True
+    if drawn:
+        from matplotlib.ticker import MaxNLocator
+
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_ylabel("cumulative count")
+        ax.set_xlabel("minutes since the run started")
+        ax.legend(loc="upper left", fontsize=8, ncol=2)
+    else:
+        _empty(ax, "designs")
+    ax.set_title("Designer moves: proposed, accepted and played, by kind")
+
+
+def _variant_key(rec: dict) -> str | None:
+    """The variant a record names: its variant_id, else (env, canonical params)."""
+    if rec.get("variant_id"):
+        return str(rec["variant_id"])
+    if isinstance(rec.get("params"), dict) and rec.get("env_id"):
+        from memory_db.schema import variant_id
+
+        return variant_id(str(rec["env_id"]), rec["params"])
+    return None
+
+
+def _solves(play: dict, solved_at: float) -> tuple[int, int]:
+    scores = [float(x) for x in play.get("unhinted") or [] if isinstance(x, (int, float))]
+    return sum(x >= solved_at for x in scores), len(scores)
+
+
+def _rate(solved: int, n: int) -> dict[str, Any]:
+    from spade_async.evals.base import wilson_interval
+
+    lo, hi = wilson_interval(solved, n)
+    return {"rate": round(solved / n, 4) if n else None, "solved": solved, "n": n,
+            "ci95": [round(lo, 4), round(hi, 4)]}
+
+
+def _family_curriculum(family: str, fp: list[dict], proposed: list[dict], t0: float,
+                       solved_at: float) -> dict[str, Any] | None:
+    """One family's curriculum from its plays and its edit designs (both in time order);
+    None when neither names a knob."""
+    chosen = [x for x in proposed
+              if x.get("status") == "accepted" and isinstance(x.get("params"), dict)]
+    if not chosen:  # designs.jsonl without the edits' params: their plays stand in
+        chosen = [p for p in fp if play_move(p) == "edit"]
+    if not any(p["params"] for p in fp) and not any(x["params"] for x in chosen):
+        return None
+    series: list[dict[str, Any]] = []
+    if fp and (not chosen or float(fp[0]["time"]) <= float(chosen[0]["time"])):
+        series.append({"time": float(fp[0]["time"]), "params": dict(fp[0]["params"]),
+                       "variant": _variant_key(fp[0]), "by": play_move(fp[0])})
+    for x in chosen:
+        before = series[-1]["params"] if series else {}
+        series.append({"time": float(x["time"]), "params": before | x["params"],
+                       "variant": _variant_key(x), "by": "edit"})
+    at: dict[str, tuple[int, int]] = {}  # variant -> (solved, unhinted episodes)
+    for p in fp:
+        key = _variant_key(p)
+        if key is not None:
+            solved, n = _solves(p, solved_at)
+            prev = at.get(key, (0, 0))
+            at[key] = (prev[0] + solved, prev[1] + n)
+    rates = [_rate(*at.get(pt["variant"] or "", (0, 0))) for pt in series]
+    knobs = []
+    for knob in dict.fromkeys(k for pt in series for k in pt["params"]):
+        values = [pt["params"].get(knob) for pt in series]
+        knobs.append({"knob": knob, "first": values[0], "last": values[-1],
+                      "changes": sum(a != b for a, b in itertools.pairwise(values))})
+    return {
+        "family": family, "edits": len(chosen), "edits_proposed": len(proposed),
+        "plays": len(fp), "knobs": knobs,
+        "solve_first": rates[0] if series else _rate(0, 0),
+        "solve_last": rates[-1] if series else _rate(0, 0),
+        "series": [{"minute": round((pt["time"] - t0) / 60.0, 2), "params": pt["params"],
+                    "by": pt["by"], "variant_id": pt["variant"], "solve": r}
+                   for pt, r in zip(series, rates, strict=True)],
+        "plays_at": [{"minute": round((float(p["time"]) - t0) / 60.0, 2),
+                      "params": p["params"], "move": play_move(p),
+                      **dict(zip(("solved", "n"), _solves(p, solved_at), strict=True))}
+                     for p in fp],
+    }
+
+
+def curriculum(d: RunData, solved_at: float) -> list[dict[str, Any]]:
+    """Per family with knobs, the settings the edits chose over time and the unhinted solve
+    rate at them, the most edited family first. A family's series starts at its first played
+    setting (its write, at the defaults) and takes each accepted edit's params in turn (an
+    edit's partial params on top of the setting before it). A setting's solve rate pools every
+    unhinted episode played at that variant (score >= `solved_at`)."""
+    plays: dict[str, list[dict]] = {}
+    for p in sorted(d.plays, key=lambda r: float(r["time"])):
+        if p.get("name") and isinstance(p.get("params"), dict):
+            plays.setdefault(str(p["name"]), []).append(p)
+    edits: dict[str, list[dict]] = {}
+    for x in sorted(d.designs, key=lambda r: float(r["time"])):
+        if design_move(x) == "edit" and x.get("family"):
+            edits.setdefault(str(x["family"]), []).append(x)
+    out = [f for family in sorted(set(plays) | set(edits))
+           if (f := _family_curriculum(family, plays.get(family, []), edits.get(family, []),
+                                       d.t0, solved_at)) is not None]
+    out.sort(key=lambda f: (-f["edits"], f["family"]))
+    return out
+
+
+def curriculum_table(families: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per (family, knob): first and last value, edits, solve rate at the first and
+    at the last setting (the family's, shared by its knobs)."""
+    return [{"family": f["family"], "knob": k["knob"], "first": k["first"], "last": k["last"],
+             "edits": f["edits"], "changes": k["changes"],
+             "solve_first": f["solve_first"]["rate"], "n_first": f["solve_first"]["n"],
+             "solve_last": f["solve_last"]["rate"], "n_last": f["solve_last"]["n"]}
+            for f in families for k in f["knobs"]]
+
+
+MAX_CURRICULUM_PANELS = 12
+
+
+def _knob_axis(values: list[Any], scaled: bool) -> tuple[list[float], list[str]]:
+    """A knob's values as y positions: numbers as they are (bools as 0/1), anything else by
+    order of first appearance (then also the tick labels); `scaled` maps them onto [0, 1]."""
+    cats: list[str] = []
+    if all(isinstance(v, (int, float)) for v in values):
+        ys = [float(v) for v in values]
+    else:
+        cats = list(dict.fromkeys(_value(v) for v in values))
+        ys = [float(cats.index(_value(v))) for v in values]
+    if scaled and ys:
+        lo, hi = min(ys), max(ys)
+        ys = [(y - lo) / (hi - lo) if hi > lo else 0.5 for y in ys]
+    return ys, cats
+
+
+def _rate_text(r: dict[str, Any]) -> str:
+    return _pct(r["rate"], r["n"])
+
+
+def plot_curriculum(d: RunData, axes: list, fig, solved_at: float) -> None:
+    fams = curriculum(d, solved_at)[:MAX_CURRICULUM_PANELS]
+    if not fams:
+        _empty(axes[0], "family with knobs played")
+        axes[0].set_title("Curriculum: knob values chosen by edits")
+        return
+    markers = "osD^v<>p"
+    sc = None
+    for ax, f in zip(axes, fams, strict=False):
+        # The knobs the edits moved (all of them while none has moved); the table has the rest.
+        drawn = [k for k in f["knobs"] if k["changes"]] or f["knobs"]
+        scaled = len(drawn) > 1  # knobs of different ranges share the panel
+        end = max([pt["minute"] for pt in f["series"]] + [p["minute"] for p in f["plays_at"]])
+        for i, k in enumerate(drawn):
+            knob = k["knob"]
+            pts = [pt for pt in f["series"] if knob in pt["params"]]
+            pls = [p for p in f["plays_at"] if knob in p["params"] and p["n"]]
+            ys, cats = _knob_axis([pt["params"][knob] for pt in pts]
+                                  + [p["params"][knob] for p in pls], scaled)
+            if pts:
+                line = ys[:len(pts)]
+                ax.step([pt["minute"] for pt in pts] + [end], line + line[-1:], where="post",
+                        color=f"C{i}", lw=1.6,
+                        label=f"{knob}: {_value(k['first'])} -> {_value(k['last'])}")
+            if pls:
+                sc = ax.scatter([p["minute"] for p in pls], ys[len(pts):],
+                                c=[p["solved"] / p["n"] for p in pls], cmap="RdYlGn",
+                                vmin=0.0, vmax=1.0, marker=markers[i % len(markers)], s=36,
+                                edgecolors="k", linewidths=0.4, zorder=3)
+            if cats and not scaled:
+                ax.set_yticks(range(len(cats)), cats)
+        ax.set_ylabel("knob value" + (" (scaled to its range)" if scaled else ""), fontsize=8)
+        ax.legend(loc="best", fontsize=7)
+        ax.set_title(f"{f['family']}: {f['edits']} edits; unhinted solve rate "
+                     f"{_rate_text(f['solve_first'])} at the first setting, "
+                     f"{_rate_text(f['solve_last'])} at the last", fontsize=9)
+    for ax in axes[len(fams):]:
+        ax.set_visible(False)
+    axes[len(fams) - 1].set_xlabel("minutes since the run started (markers: plays, coloured "
+                                   "by their unhinted solve rate)")
+    if sc is not None:
+        fig.set_layout_engine("constrained")  # tight_layout cannot place a shared colorbar
+        fig.colorbar(sc, ax=axes[:len(fams)], label="unhinted solve rate of the play",
+                     fraction=0.03, pad=0.01)
+
+
+def probe_summary(d: RunData) -> list[dict[str, Any]]:
+    """The probe's solve rate per policy version (its newest run of each), with the 95%
+    Wilson interval over the tasks it scored."""
+    latest: dict[int, dict] = {}
+    for r in d.evals:
+        if r.get("suite") == PROBE:
+            v = int(r.get("version", 0))
+            if v not in latest or float(r.get("time", 0)) >= float(latest[v].get("time", 0)):
+                latest[v] = r
+    out = []
+    for v, r in sorted(latest.items()):
+        n = int(r.get("scored", r.get("n", 0)))
+        solved = round(float(r.get("passed", r.get("score", 0.0))) * n)
+        out.append({"version": v, "solve_rate": r.get("passed", r.get("score")),
+                    "solved": solved, "n": n, "ci95": _rate(solved, n)["ci95"]})
+    return out
+
+
+def plot_probe(d: RunData, ax) -> None:
+    rows = probe_summary(d)
+    if not rows:
+        _empty(ax, "probe evaluations (`spade eval --suite probe`)")
+    else:
+        x = np.array([r["version"] for r in rows])
+        y = np.array([r["solved"] / r["n"] if r["n"] else np.nan for r in rows])
+        lo = np.array([r["ci95"][0] for r in rows])
+        hi = np.array([r["ci95"][1] for r in rows])
+        ax.errorbar(x, y, yerr=[np.maximum(0, y - lo), np.maximum(0, hi - y)], marker="o",
+                    capsize=4, lw=1.5)
+        for r, xi, yi in zip(rows, x, y, strict=True):
+            ax.annotate(f"n={r['n']}", (xi, yi), textcoords="offset points", xytext=(6, 4),
+                        fontsize=7, color="0.4")
+        ax.set_xlabel("policy version")
+        ax.set_ylabel("unhinted solve rate")
+        ax.set_ylim(-0.05, 1.05)
+        from matplotlib.ticker import MaxNLocator
+
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_title("Probe: solve rate on fixed training variants per version (95% Wilson "
+                 "interval)")
 
 
 # ---- the report ----------------------------------------------------------------------------
@@ -356,11 +667,30 @@ PLOTS: list[tuple[str, str, str]] = [
      "inference server's log-probs of the sampled tokens; grey lines mark published versions."),
     ("eval.png", "Held-out evaluation",
      "Scores per held-out suite for each evaluated policy version (`spade eval`)."),
+    ("moves.png", "Designer moves",
+     "Cumulative counts per move over time: designs proposed (solid), accepted (dashed) and "
+     "played with a score (dotted), for writes (new modules) and edits (new knob settings of a "
+     "stored environment); grey: plays of the replay sampler and of the fixed baseline."),
+    ("curriculum.png", "Curriculum",
+     "Per family with knobs (the most edited first): the knob values its edits chose over "
+     "time, one line per knob, from the family's first played setting; markers are its plays, "
+     "coloured by their unhinted solve rate. The table gives each knob's first and last value "
+     "and the solve rate at the first and at the last setting."),
+    ("probe.png", "Probe",
+     "Unhinted solve rate on the probe set (fixed training variants, fixed seeds: `spade eval "
+     "--suite probe`) per policy version, with its 95% Wilson interval."),
 ]
 
 
-# file -> (panels, inches per panel, draw(data, axes, figure, config))
-LAYOUT: dict[str, tuple[int, float, Callable[[RunData, list, Any, SpadeConfig], None]]] = {
+def _curriculum_panels(d: RunData, cfg: SpadeConfig) -> int:
+    return max(1, min(MAX_CURRICULUM_PANELS,
+                      len(curriculum(d, cfg.validation.solution_score))))
+
+
+# file -> (panels, or a function of the data giving them; inches per panel;
+#          draw(data, axes, figure, config))
+LAYOUT: dict[str, tuple[int | Callable[[RunData, SpadeConfig], int], float,
+                        Callable[[RunData, list, Any, SpadeConfig], None]]] = {
     "regret.png": (2, 3.2, lambda d, ax, fig, cfg: plot_regret(d, *ax,
                                                                 cfg.validation.solution_score)),
     "designs.png": (2, 3.2, lambda d, ax, fig, cfg: plot_designs(d, *ax)),
@@ -368,6 +698,10 @@ LAYOUT: dict[str, tuple[int, float, Callable[[RunData, list, Any, SpadeConfig], 
     "embedding_map.png": (1, 6.5, lambda d, ax, fig, cfg: plot_embedding_map(d, *ax, fig)),
     "trainer.png": (2, 3.2, lambda d, ax, fig, cfg: plot_trainer(d, *ax)),
     "eval.png": (1, 3.6, lambda d, ax, fig, cfg: plot_eval(d, *ax)),
+    "moves.png": (1, 3.6, lambda d, ax, fig, cfg: plot_moves(d, *ax)),
+    "curriculum.png": (_curriculum_panels, 2.8, lambda d, ax, fig, cfg: plot_curriculum(
+        d, ax, fig, cfg.validation.solution_score)),
+    "probe.png": (1, 3.6, lambda d, ax, fig, cfg: plot_probe(d, *ax)),
 }
 
 
@@ -380,6 +714,7 @@ def _same_x(*axes) -> None:
 
 
 def summary(cfg: SpadeConfig, d: RunData) -> dict[str, Any]:
+    fams = curriculum(d, cfg.validation.solution_score)
     outcomes = Counter(_outcome(x) for x in d.designs)
     regrets = [float(p.get("regret", 0.0)) for p in d.plays]
     published = [s["publish"]["version"] for s in d.steps
@@ -401,6 +736,10 @@ def summary(cfg: SpadeConfig, d: RunData) -> dict[str, Any]:
         "trainer_steps": len(d.steps),
         "versions_published": published,
         "evaluations": len(d.evals),
+        "moves": moves_summary(d),
+        "curriculum": curriculum_table(fams),
+        "curriculum_families": fams,
+        "probe": probe_summary(d),
     }
 
 
@@ -420,9 +759,12 @@ def write_report(cfg: SpadeConfig, out: Path,
     for name, _, _ in PLOTS:
         progress(f"plotting {name}")
         panels, inches, draw = LAYOUT[name]
+        if callable(panels):
+            panels = panels(d, cfg)
         fig, axes = plt.subplots(panels, 1, figsize=(9, inches * panels), squeeze=False)
         draw(d, [a[0] for a in axes], fig, cfg)
-        fig.tight_layout()
+        if not fig.get_layout_engine():  # a colorbar over several panels set its own
+            fig.tight_layout()
         fig.savefig(out / name, dpi=110)
         plt.close(fig)
         files.append(str(out / name))
@@ -431,6 +773,52 @@ def write_report(cfg: SpadeConfig, out: Path,
     (out / "index.html").write_text(_html(s), encoding="utf-8")
     (out / "summary.json").write_text(json.dumps(s, indent=2))
     return s
+
+
+def moves_text(m: dict[str, Any]) -> str:
+    """`write 40 proposed, 0 accepted, 0 played; edit 60 proposed, 58 accepted, 55 played
+    (92%)`, and the replay / fixed plays when there are any."""
+    parts = []
+    for k in DESIGN_MOVES:
+        x = m[k]
+        part = f"{k} {x['proposed']} proposed, {x['accepted']} accepted, {x['played']} played"
+        if x["played"] and x["played_share"] is not None:
+            part += f" ({x['played_share']:.0%})"
+        parts.append(part)
+    parts += [f"{k} {m[k]['played']} played" for k in PLAY_MOVES[2:] if m[k]["played"]]
+    return "; ".join(parts)
+
+
+def _value(v: Any) -> str:
+    return json.dumps(v) if not isinstance(v, str) else v
+
+
+def _pct(rate: float | None, n: int) -> str:
+    return "-" if rate is None else f"{rate:.0%} of {n}"
+
+
+CURRICULUM_HEAD = ("family", "knob", "first", "last", "edits", "solve rate first",
+                   "solve rate last")
+
+
+def curriculum_cells(row: dict[str, Any]) -> tuple[str, ...]:
+    return (row["family"], row["knob"], _value(row["first"]), _value(row["last"]),
+            str(row["edits"]), _pct(row["solve_first"], row["n_first"]),
+            _pct(row["solve_last"], row["n_last"]))
+
+
+def probe_text(row: dict[str, Any]) -> str:
+    lo, hi = row["ci95"]
+    rate = row["solved"] / row["n"] if row["n"] else None
+    return (f"v{row['version']}: {_pct(rate, row['n'])} solved, 95% interval "
+            f"[{lo:.2f}, {hi:.2f}]")
+
+
+def _html_table(head: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
+    cells = "".join(f"<th>{html.escape(h)}</th>" for h in head)
+    body = "\n".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>"
+                     for r in rows)
+    return f"<table><tr>{cells}</tr>\n{body}</table>"
 
 
 def _html(s: dict[str, Any]) -> str:
@@ -444,12 +832,25 @@ def _html(s: dict[str, Any]) -> str:
             ("environments played", f"{s['envs_played']}, mean regret {s['regret_mean']}"),
             ("trainer", f"{s['trainer_steps']} steps, versions published "
              f"{s['versions_published']}"),
-            ("held-out evaluations", s["evaluations"])]
+            ("evaluations", s["evaluations"]),
+            ("designer moves", moves_text(s["moves"])),
+            ("probe", "; ".join(probe_text(r) for r in s["probe"]) or "not run yet")]
     table = "\n".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>"
                       for k, v in rows)
+    extra = {
+        "curriculum.png": _html_table(CURRICULUM_HEAD,
+                                      [curriculum_cells(r) for r in s["curriculum"]])
+        if s["curriculum"] else "<p>No family with knobs played yet.</p>",
+        "probe.png": _html_table(("version", "solved", "n", "solve rate", "95% interval"), [
+            (str(r["version"]), str(r["solved"]), str(r["n"]),
+             _pct(r["solved"] / r["n"] if r["n"] else None, r["n"]),
+             f"[{r['ci95'][0]:.2f}, {r['ci95'][1]:.2f}]") for r in s["probe"]])
+        if s["probe"] else "",
+    }
     sections = "\n".join(
         f'<section><h2>{html.escape(title)}</h2><p>{html.escape(caption)}</p>'
-        f'<a href="{name}"><img src="{name}" alt="{html.escape(title)}"></a></section>'
+        f'<a href="{name}"><img src="{name}" alt="{html.escape(title)}"></a>'
+        f'{extra.get(name, "")}</section>'
         for name, title, caption in PLOTS)
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>SPADE-async run report</title>
