@@ -489,33 +489,17 @@ def _duration(seconds: float | None) -> str:
     return f"{s // 3600}h{s // 60 % 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
 
 
-MOVES = ("write", "edit")  # the designer's moves (DESIGN §12)
-
-
 def _moves(counters: dict) -> dict | None:
-    """Per designer move: proposed, accepted, played (its variant's play was scored) and the
-    share of proposals that got as far as a scored play; None when the daemon counts no moves."""
-    if not any(f"moves_{m}_proposed" in counters for m in MOVES):
+    """Per designer move (DESIGN §12): proposed, accepted, played (its variant's play was
+    scored) and the share of proposals that got as far as a scored play, from the daemon's
+    counters; None when the daemon counts no moves."""
+    from spade_async.report import DESIGN_MOVES, move_counts
+
+    if not any(f"moves_{m}_proposed" in counters for m in DESIGN_MOVES):
         return None
-    out = {}
-    for m in MOVES:
-        got = {k: int(counters.get(f"moves_{m}_{k}", 0)) for k in ("proposed", "accepted",
-                                                                    "played")}
-        got["played_share"] = (round(got["played"] / got["proposed"], 4) if got["proposed"]
-                               else None)
-        out[m] = got
-    return out
-
-
-def _moves_line(moves: dict) -> str:
-    parts = []
-    for m in MOVES:
-        x = moves[m]
-        part = f"{m} {x['proposed']} proposed, {x['accepted']} accepted, {x['played']} played"
-        if x["played"] and x["played_share"] is not None:
-            part += f" ({x['played_share']:.0%})"
-        parts.append(part)
-    return "moves      " + "; ".join(parts)
+    return {m: move_counts(*(int(counters.get(f"moves_{m}_{k}", 0))
+                             for k in ("proposed", "accepted", "played")))
+            for m in DESIGN_MOVES}
 
 
 def _status_lines(st: dict, cfg: SpadeConfig) -> list[str]:
@@ -544,7 +528,9 @@ def _status_lines(st: dict, cfg: SpadeConfig) -> list[str]:
                  f"accepted, {rejected} rejected" + (f" ({reasons})" if reasons else ""))
     moves = st.get("moves") or _moves(c)
     if moves is not None:
-        lines.append(_moves_line(moves))
+        from spade_async.report import moves_text
+
+        lines.append(f"moves      {moves_text(moves)}")
     lines.append(f"episodes   {c.get('episodes', 0)} ({c.get('episodes_unhinted', 0)} unhinted, "
                  f"{c.get('episodes_hinted', 0)} hinted, {c.get('episode_errors', 0)} errors), "
                  f"{c.get('tokens_sampled', 0)} tokens sampled, {c.get('replays', 0)} replays")

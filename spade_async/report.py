@@ -362,6 +362,12 @@ def _bins(times: np.ndarray, bins: int) -> tuple[np.ndarray, np.ndarray]:
     return edges, np.clip(np.searchsorted(edges, times, side="right") - 1, 0, bins - 1)
 
 
+def move_counts(proposed: int, accepted: int, played: int) -> dict[str, Any]:
+    """One move's counts and the share of its proposals that reached a scored play."""
+    return {"proposed": proposed, "accepted": accepted, "played": played,
+            "played_share": round(played / proposed, 4) if proposed else None}
+
+
 def moves_summary(d: RunData, bins: int = 20) -> dict[str, Any]:
     """Per move: designs proposed and accepted, plays scored (write and edit), plays of the
     replay sampler and of the fixed baseline; the share of proposals that reached a scored
@@ -378,10 +384,8 @@ def moves_summary(d: RunData, bins: int = 20) -> dict[str, Any]:
         events.append(((float(p["time"]) - t0) / 60.0, f"{play_move(p)}_played"))
     counts = Counter(k for _, k in events)
     for m in DESIGN_MOVES:
-        got = {k: counts.get(f"{m}_{k}", 0) for k in ("proposed", "accepted", "played")}
-        got["played_share"] = (round(got["played"] / got["proposed"], 4) if got["proposed"]
-                               else None)
-        out[m] = got
+        out[m] = move_counts(*(counts.get(f"{m}_{k}", 0)
+                               for k in ("proposed", "accepted", "played")))
     for m in PLAY_MOVES[2:]:
         out[m] = {"played": counts.get(f"{m}_played", 0)}
     timeline: list[dict[str, Any]] = []
@@ -785,7 +789,8 @@ def moves_text(m: dict[str, Any]) -> str:
         if x["played"] and x["played_share"] is not None:
             part += f" ({x['played_share']:.0%})"
         parts.append(part)
-    parts += [f"{k} {m[k]['played']} played" for k in PLAY_MOVES[2:] if m[k]["played"]]
+    parts += [f"{k} {m[k]['played']} played" for k in PLAY_MOVES[2:]
+              if m.get(k, {}).get("played")]
     return "; ".join(parts)
 
 
