@@ -188,6 +188,9 @@ class ProbeSuite:
         except SandboxError as exc:  # no worker, or the seed failed to load: not a score
             return TaskResult(task.task_id, 0.0, False, error=f"sandbox {exc.kind}: {exc}",
                               detail=detail, failed=True)
+        except ContractError as exc:  # the loaded knobs differ from the ones read statically
+            return TaskResult(task.task_id, 0.0, False, error=f"params: {exc}", detail=detail,
+                              failed=True)
         solved = ep.score >= self.pass_mark
         detail |= {"episode_score": ep.score, "episode_id": ep.episode_id,
                    "terminated": ep.terminated, "truncated": ep.truncated}
