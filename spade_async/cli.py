@@ -493,7 +493,7 @@ def _moves(counters: dict) -> dict | None:
     """Per designer move (DESIGN §12): proposed, accepted, played (its variant's play was
     scored) and the share of proposals that got as far as a scored play, from the daemon's
     counters; None when the daemon counts no moves."""
-    from spade_async.report import DESIGN_MOVES, move_counts
+    from spade_async.curriculum import DESIGN_MOVES, move_counts
 
     if not any(f"moves_{m}_proposed" in counters for m in DESIGN_MOVES):
         return None
@@ -528,7 +528,7 @@ def _status_lines(st: dict, cfg: SpadeConfig) -> list[str]:
                  f"accepted, {rejected} rejected" + (f" ({reasons})" if reasons else ""))
     moves = st.get("moves") or _moves(c)
     if moves is not None:
-        from spade_async.report import moves_text
+        from spade_async.curriculum import moves_text
 
         lines.append(f"moves      {moves_text(moves)}")
     lines.append(f"episodes   {c.get('episodes', 0)} ({c.get('episodes_unhinted', 0)} unhinted, "
@@ -776,13 +776,8 @@ def report(
     reasons, memory diversity, the embedding map, trainer loss and log-prob mismatch,
     held-out scores, designer moves, the curriculum the edits set per family, the probe's
     solve rate per version; PNG files plus one HTML page that holds them."""
-    from spade_async.report import (
-        CURRICULUM_HEAD,
-        curriculum_cells,
-        moves_text,
-        probe_text,
-        write_report,
-    )
+    from spade_async.curriculum import CURRICULUM_HEAD, curriculum_cells, moves_text, probe_text
+    from spade_async.report import write_report
 
     cfg = _config(config)
     out = out or cfg.paths.data_dir / "report"

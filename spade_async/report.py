@@ -11,7 +11,8 @@ Reads only what the processes already write, so it works on a live run or a fini
                                    variants (with its 95% Wilson interval)
 The designer's moves (write / edit, DESIGN §12) and the curriculum its edits set per family come
 from the `move`, `family`/`name`, `params` and `variant_id` fields of designs.jsonl and
-plays.jsonl; records written before those fields existed count as writes (or replays).
+plays.jsonl (the numbers: curriculum.py); records written before those fields existed count as
+writes (or replays).
 Every plot renders, with "no data yet" where a source is still empty, so a report of a run that
 has just started is complete too.
 """
@@ -19,7 +20,6 @@ has just started is complete too.
 from __future__ import annotations
 
 import html
-import itertools
 import json
 import math
 from collections import Counter
@@ -31,6 +31,23 @@ from typing import Any
 import numpy as np
 
 from spade_async.config import SpadeConfig, run_dir
+from spade_async.curriculum import (
+    CURRICULUM_HEAD,
+    DESIGN_MOVES,
+    PLAY_MOVES,
+    PROBE,
+    curriculum,
+    curriculum_cells,
+    curriculum_table,
+    design_move,
+    moves_summary,
+    moves_text,
+    play_move,
+    probe_summary,
+    probe_text,
+    rate_text,
+    value_text,
+)
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -343,64 +360,6 @@ def plot_eval(d: RunData, ax) -> None:
 
 # ---- designer moves, the curriculum, the probe ---------------------------------------------
 
-DESIGN_MOVES = ("write", "edit")
-PLAY_MOVES = ("write", "edit", "replay", "fixed")
-PROBE = "probe"
-
-
-def design_move(design: dict) -> str:
-    return design.get("move") or "write"  # before edits existed, every design was a write
-
-
-def play_move(play: dict) -> str:
-    return play.get("move") or ("replay" if play.get("replayed") else "write")
-
-
-def _bins(times: np.ndarray, bins: int) -> tuple[np.ndarray, np.ndarray]:
-    """Equal time bins over `times`: (edges, the bin of each time)."""
-    edges = np.linspace(times.min(), times.max() + 1e-9, bins + 1)
-    return edges, np.clip(np.searchsorted(edges, times, side="right") - 1, 0, bins - 1)
-
-
-def move_counts(proposed: int, accepted: int, played: int) -> dict[str, Any]:
-    """One move's counts and the share of its proposals that reached a scored play."""
-    return {"proposed": proposed, "accepted": accepted, "played": played,
-            "played_share": round(played / proposed, 4) if proposed else None}
-
-
-def moves_summary(d: RunData, bins: int = 20) -> dict[str, Any]:
-    """Per move: designs proposed and accepted, plays scored (write and edit), plays of the
-    replay sampler and of the fixed baseline; the share of proposals that reached a scored
-    play; and the same counts per time bin (minutes since the run started)."""
-    out: dict[str, Any] = {}
-    events: list[tuple[float, str]] = []  # (minute, "<move>_<stage>")
-    t0 = d.t0
-    for x in d.designs:
-        m = design_move(x)
-        events.append(((float(x["time"]) - t0) / 60.0, f"{m}_proposed"))
-        if x.get("status") == "accepted":
-            events.append(((float(x["time"]) - t0) / 60.0, f"{m}_accepted"))
-    for p in d.plays:
-        events.append(((float(p["time"]) - t0) / 60.0, f"{play_move(p)}_played"))
-    counts = Counter(k for _, k in events)
-    for m in DESIGN_MOVES:
-        out[m] = move_counts(*(counts.get(f"{m}_{k}", 0)
-                               for k in ("proposed", "accepted", "played")))
-    for m in PLAY_MOVES[2:]:
-        out[m] = {"played": counts.get(f"{m}_played", 0)}
-    timeline: list[dict[str, Any]] = []
-    if events:
-        t = np.array([e[0] for e in events])
-        nb = min(bins, max(1, len(events) // 4))
-        edges, which = _bins(t, nb)
-        for b in range(nb):
-            row: dict[str, Any] = {"minute": round(float(edges[b]), 2)}
-            row |= Counter(k for (_, k), w in zip(events, which, strict=True) if w == b)
-            timeline.append(row)
-    out["timeline"] = timeline
-    return out
-
-
 def plot_moves(d: RunData, ax) -> None:
     stages = (("proposed", "-"), ("accepted", "--"), ("played", ":"))
     drawn = False
@@ -437,107 +396,6 @@ def plot_moves(d: RunData, ax) -> None:
     ax.set_title("Designer moves: proposed, accepted and played, by kind")
 
 
-def _variant_key(rec: dict) -> str | None:
-    """The variant a record names: its variant_id, else (env, canonical params)."""
-    if rec.get("variant_id"):
-        return str(rec["variant_id"])
-    if isinstance(rec.get("params"), dict) and rec.get("env_id"):
-        from memory_db.schema import variant_id
-
-        return variant_id(str(rec["env_id"]), rec["params"])
-    return None
-
-
-def _solves(play: dict, solved_at: float) -> tuple[int, int]:
-    scores = [float(x) for x in play.get("unhinted") or [] if isinstance(x, (int, float))]
-    return sum(x >= solved_at for x in scores), len(scores)
-
-
-def _rate(solved: int, n: int) -> dict[str, Any]:
-    from spade_async.evals.base import wilson_interval
-
-    lo, hi = wilson_interval(solved, n)
-    return {"rate": round(solved / n, 4) if n else None, "solved": solved, "n": n,
-            "ci95": [round(lo, 4), round(hi, 4)]}
-
-
-def _family_curriculum(family: str, fp: list[dict], proposed: list[dict], t0: float,
-                       solved_at: float) -> dict[str, Any] | None:
-    """One family's curriculum from its plays and its edit designs (both in time order);
-    None when neither names a knob."""
-    chosen = [x for x in proposed
-              if x.get("status") == "accepted" and isinstance(x.get("params"), dict)]
-    if not chosen:  # designs.jsonl without the edits' params: their plays stand in
-        chosen = [p for p in fp if play_move(p) == "edit"]
-    if not any(p["params"] for p in fp) and not any(x["params"] for x in chosen):
-        return None
-    series: list[dict[str, Any]] = []
-    if fp and (not chosen or float(fp[0]["time"]) <= float(chosen[0]["time"])):
-        series.append({"time": float(fp[0]["time"]), "params": dict(fp[0]["params"]),
-                       "variant": _variant_key(fp[0]), "by": play_move(fp[0])})
-    for x in chosen:
-        before = series[-1]["params"] if series else {}
-        series.append({"time": float(x["time"]), "params": before | x["params"],
-                       "variant": _variant_key(x), "by": "edit"})
-    at: dict[str, tuple[int, int]] = {}  # variant -> (solved, unhinted episodes)
-    for p in fp:
-        key = _variant_key(p)
-        if key is not None:
-            solved, n = _solves(p, solved_at)
-            prev = at.get(key, (0, 0))
-            at[key] = (prev[0] + solved, prev[1] + n)
-    rates = [_rate(*at.get(pt["variant"] or "", (0, 0))) for pt in series]
-    knobs = []
-    for knob in dict.fromkeys(k for pt in series for k in pt["params"]):
-        values = [pt["params"].get(knob) for pt in series]
-        knobs.append({"knob": knob, "first": values[0], "last": values[-1],
-                      "changes": sum(a != b for a, b in itertools.pairwise(values))})
-    return {
-        "family": family, "edits": len(chosen), "edits_proposed": len(proposed),
-        "plays": len(fp), "knobs": knobs,
-        "solve_first": rates[0] if series else _rate(0, 0),
-        "solve_last": rates[-1] if series else _rate(0, 0),
-        "series": [{"minute": round((pt["time"] - t0) / 60.0, 2), "params": pt["params"],
-                    "by": pt["by"], "variant_id": pt["variant"], "solve": r}
-                   for pt, r in zip(series, rates, strict=True)],
-        "plays_at": [{"minute": round((float(p["time"]) - t0) / 60.0, 2),
-                      "params": p["params"], "move": play_move(p),
-                      **dict(zip(("solved", "n"), _solves(p, solved_at), strict=True))}
-                     for p in fp],
-    }
-
-
-def curriculum(d: RunData, solved_at: float) -> list[dict[str, Any]]:
-    """Per family with knobs, the settings the edits chose over time and the unhinted solve
-    rate at them, the most edited family first. A family's series starts at its first played
-    setting (its write, at the defaults) and takes each accepted edit's params in turn (an
-    edit's partial params on top of the setting before it). A setting's solve rate pools every
-    unhinted episode played at that variant (score >= `solved_at`)."""
-    plays: dict[str, list[dict]] = {}
-    for p in sorted(d.plays, key=lambda r: float(r["time"])):
-        if p.get("name") and isinstance(p.get("params"), dict):
-            plays.setdefault(str(p["name"]), []).append(p)
-    edits: dict[str, list[dict]] = {}
-    for x in sorted(d.designs, key=lambda r: float(r["time"])):
-        if design_move(x) == "edit" and x.get("family"):
-            edits.setdefault(str(x["family"]), []).append(x)
-    out = [f for family in sorted(set(plays) | set(edits))
-           if (f := _family_curriculum(family, plays.get(family, []), edits.get(family, []),
-                                       d.t0, solved_at)) is not None]
-    out.sort(key=lambda f: (-f["edits"], f["family"]))
-    return out
-
-
-def curriculum_table(families: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per (family, knob): first and last value, edits, solve rate at the first and
-    at the last setting (the family's, shared by its knobs)."""
-    return [{"family": f["family"], "knob": k["knob"], "first": k["first"], "last": k["last"],
-             "edits": f["edits"], "changes": k["changes"],
-             "solve_first": f["solve_first"]["rate"], "n_first": f["solve_first"]["n"],
-             "solve_last": f["solve_last"]["rate"], "n_last": f["solve_last"]["n"]}
-            for f in families for k in f["knobs"]]
-
-
 MAX_CURRICULUM_PANELS = 12
 
 
@@ -548,8 +406,8 @@ def _knob_axis(values: list[Any], scaled: bool) -> tuple[list[float], list[str]]
     if all(isinstance(v, (int, float)) for v in values):
         ys = [float(v) for v in values]
     else:
-        cats = list(dict.fromkeys(_value(v) for v in values))
-        ys = [float(cats.index(_value(v))) for v in values]
+        cats = list(dict.fromkeys(value_text(v) for v in values))
+        ys = [float(cats.index(value_text(v))) for v in values]
     if scaled and ys:
         lo, hi = min(ys), max(ys)
         ys = [(y - lo) / (hi - lo) if hi > lo else 0.5 for y in ys]
@@ -557,11 +415,11 @@ def _knob_axis(values: list[Any], scaled: bool) -> tuple[list[float], list[str]]
 
 
 def _rate_text(r: dict[str, Any]) -> str:
-    return _pct(r["rate"], r["n"])
+    return rate_text(r["rate"], r["n"])
 
 
 def plot_curriculum(d: RunData, axes: list, fig, solved_at: float) -> None:
-    fams = curriculum(d, solved_at)[:MAX_CURRICULUM_PANELS]
+    fams = curriculum(d.designs, d.plays, d.t0, solved_at)[:MAX_CURRICULUM_PANELS]
     if not fams:
         _empty(axes[0], "family with knobs played")
         axes[0].set_title("Curriculum: knob values chosen by edits")
@@ -583,7 +441,7 @@ def plot_curriculum(d: RunData, axes: list, fig, solved_at: float) -> None:
                 line = ys[:len(pts)]
                 ax.step([pt["minute"] for pt in pts] + [end], line + line[-1:], where="post",
                         color=f"C{i}", lw=1.6,
-                        label=f"{knob}: {_value(k['first'])} -> {_value(k['last'])}")
+                        label=f"{knob}: {value_text(k['first'])} -> {value_text(k['last'])}")
             if pls:
                 sc = ax.scatter([p["minute"] for p in pls], ys[len(pts):],
                                 c=[p["solved"] / p["n"] for p in pls], cmap="RdYlGn",
@@ -606,26 +464,8 @@ def plot_curriculum(d: RunData, axes: list, fig, solved_at: float) -> None:
                      fraction=0.03, pad=0.01)
 
 
-def probe_summary(d: RunData) -> list[dict[str, Any]]:
-    """The probe's solve rate per policy version (its newest run of each), with the 95%
-    Wilson interval over the tasks it scored."""
-    latest: dict[int, dict] = {}
-    for r in d.evals:
-        if r.get("suite") == PROBE:
-            v = int(r.get("version", 0))
-            if v not in latest or float(r.get("time", 0)) >= float(latest[v].get("time", 0)):
-                latest[v] = r
-    out = []
-    for v, r in sorted(latest.items()):
-        n = int(r.get("scored", r.get("n", 0)))
-        solved = round(float(r.get("passed", r.get("score", 0.0))) * n)
-        out.append({"version": v, "solve_rate": r.get("passed", r.get("score")),
-                    "solved": solved, "n": n, "ci95": _rate(solved, n)["ci95"]})
-    return out
-
-
 def plot_probe(d: RunData, ax) -> None:
-    rows = probe_summary(d)
+    rows = probe_summary(d.evals)
     if not rows:
         _empty(ax, "probe evaluations (`spade eval --suite probe`)")
     else:
@@ -688,7 +528,8 @@ PLOTS: list[tuple[str, str, str]] = [
 
 def _curriculum_panels(d: RunData, cfg: SpadeConfig) -> int:
     return max(1, min(MAX_CURRICULUM_PANELS,
-                      len(curriculum(d, cfg.validation.solution_score))))
+                      len(curriculum(d.designs, d.plays, d.t0,
+                                 cfg.validation.solution_score))))
 
 
 # file -> (panels, or a function of the data giving them; inches per panel;
@@ -718,7 +559,7 @@ def _same_x(*axes) -> None:
 
 
 def summary(cfg: SpadeConfig, d: RunData) -> dict[str, Any]:
-    fams = curriculum(d, cfg.validation.solution_score)
+    fams = curriculum(d.designs, d.plays, d.t0, cfg.validation.solution_score)
     outcomes = Counter(_outcome(x) for x in d.designs)
     regrets = [float(p.get("regret", 0.0)) for p in d.plays]
     published = [s["publish"]["version"] for s in d.steps
@@ -740,10 +581,10 @@ def summary(cfg: SpadeConfig, d: RunData) -> dict[str, Any]:
         "trainer_steps": len(d.steps),
         "versions_published": published,
         "evaluations": len(d.evals),
-        "moves": moves_summary(d),
+        "moves": moves_summary(d.designs, d.plays, d.t0),
         "curriculum": curriculum_table(fams),
         "curriculum_families": fams,
-        "probe": probe_summary(d),
+        "probe": probe_summary(d.evals),
     }
 
 
@@ -779,46 +620,6 @@ def write_report(cfg: SpadeConfig, out: Path,
     return s
 
 
-def moves_text(m: dict[str, Any]) -> str:
-    """`write 40 proposed, 0 accepted, 0 played; edit 60 proposed, 58 accepted, 55 played
-    (92%)`, and the replay / fixed plays when there are any."""
-    parts = []
-    for k in DESIGN_MOVES:
-        x = m[k]
-        part = f"{k} {x['proposed']} proposed, {x['accepted']} accepted, {x['played']} played"
-        if x["played"] and x["played_share"] is not None:
-            part += f" ({x['played_share']:.0%})"
-        parts.append(part)
-    parts += [f"{k} {m[k]['played']} played" for k in PLAY_MOVES[2:]
-              if m.get(k, {}).get("played")]
-    return "; ".join(parts)
-
-
-def _value(v: Any) -> str:
-    return json.dumps(v) if not isinstance(v, str) else v
-
-
-def _pct(rate: float | None, n: int) -> str:
-    return "-" if rate is None else f"{rate:.0%} of {n}"
-
-
-CURRICULUM_HEAD = ("family", "knob", "first", "last", "edits", "solve rate first",
-                   "solve rate last")
-
-
-def curriculum_cells(row: dict[str, Any]) -> tuple[str, ...]:
-    return (row["family"], row["knob"], _value(row["first"]), _value(row["last"]),
-            str(row["edits"]), _pct(row["solve_first"], row["n_first"]),
-            _pct(row["solve_last"], row["n_last"]))
-
-
-def probe_text(row: dict[str, Any]) -> str:
-    lo, hi = row["ci95"]
-    rate = row["solved"] / row["n"] if row["n"] else None
-    return (f"v{row['version']}: {_pct(rate, row['n'])} solved, 95% interval "
-            f"[{lo:.2f}, {hi:.2f}]")
-
-
 def _html_table(head: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
     cells = "".join(f"<th>{html.escape(h)}</th>" for h in head)
     body = "\n".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>"
@@ -848,7 +649,7 @@ def _html(s: dict[str, Any]) -> str:
         if s["curriculum"] else "<p>No family with knobs played yet.</p>",
         "probe.png": _html_table(("version", "solved", "n", "solve rate", "95% interval"), [
             (str(r["version"]), str(r["solved"]), str(r["n"]),
-             _pct(r["solved"] / r["n"] if r["n"] else None, r["n"]),
+             rate_text(r["solved"] / r["n"] if r["n"] else None, r["n"]),
              f"[{r['ci95'][0]:.2f}, {r['ci95'][1]:.2f}]") for r in s["probe"]])
         if s["probe"] else "",
     }
