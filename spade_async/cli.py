@@ -473,6 +473,9 @@ def status(config: Path = ConfigOpt, as_json: bool = JsonOpt) -> None:
     st["running"] = alive and not st.get("stopped")
     st["age_s"] = round(time.time() - float(st.get("updated_at", 0)), 1)
     st["trainer"] = _trainer_progress(cfg)
+    moves = _moves(st.get("counters", {}))
+    if moves is not None:
+        st["moves"] = moves
     if as_json:
         typer.echo(json.dumps(st, indent=2))
         return
@@ -484,6 +487,19 @@ def _duration(seconds: float | None) -> str:
         return "?"
     s = int(seconds)
     return f"{s // 3600}h{s // 60 % 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+def _moves(counters: dict) -> dict | None:
+    """Per designer move (DESIGN §12): proposed, accepted, played (its variant's play was
+    scored) and the share of proposals that got as far as a scored play, from the daemon's
+    counters; None when the daemon counts no moves."""
+    from spade_async.curriculum import DESIGN_MOVES, move_counts
+
+    if not any(f"moves_{m}_proposed" in counters for m in DESIGN_MOVES):
+        return None
+    return {m: move_counts(*(int(counters.get(f"moves_{m}_{k}", 0))
+                             for k in ("proposed", "accepted", "played")))
+            for m in DESIGN_MOVES}
 
 
 def _status_lines(st: dict, cfg: SpadeConfig) -> list[str]:
@@ -510,6 +526,11 @@ def _status_lines(st: dict, cfg: SpadeConfig) -> list[str]:
     rejected = c.get("designs_invalid", 0) + c.get("designs_duplicate", 0)
     lines.append(f"designs    {c.get('designs', 0)} proposed: {c.get('designs_accepted', 0)} "
                  f"accepted, {rejected} rejected" + (f" ({reasons})" if reasons else ""))
+    moves = st.get("moves") or _moves(c)
+    if moves is not None:
+        from spade_async.curriculum import moves_text
+
+        lines.append(f"moves      {moves_text(moves)}")
     lines.append(f"episodes   {c.get('episodes', 0)} ({c.get('episodes_unhinted', 0)} unhinted, "
                  f"{c.get('episodes_hinted', 0)} hinted, {c.get('episode_errors', 0)} errors), "
                  f"{c.get('tokens_sampled', 0)} tokens sampled, {c.get('replays', 0)} replays")
@@ -685,8 +706,8 @@ def evaluate(
     config: Path = ConfigOpt,
     version: str = typer.Option("latest", "--version", help="policy version N, or 'latest' "
                                 "(the one the servers hold now)"),
-    suite: list[str] = typer.Option(None, "--suite", help="reasoning-gym or bfcl-multi-turn "
-                                    "(repeatable; default: eval.suites)"),
+    suite: list[str] = typer.Option(None, "--suite", help="reasoning-gym, bfcl-multi-turn or "
+                                    "probe (repeatable; default: eval.suites)"),
     limit: int = typer.Option(None, "--limit", min=1, help="only the first N tasks of a suite"),
     as_json: bool = JsonOpt,
 ) -> None:
@@ -753,7 +774,9 @@ def report(
 ) -> None:
     """Plots of a run (live or finished): regret and solve rates, acceptance and rejection
     reasons, memory diversity, the embedding map, trainer loss and log-prob mismatch,
-    held-out scores; PNG files plus one HTML page that holds them."""
+    held-out scores, designer moves, the curriculum the edits set per family, the probe's
+    solve rate per version; PNG files plus one HTML page that holds them."""
+    from spade_async.curriculum import CURRICULUM_HEAD, curriculum_cells, moves_text, probe_text
     from spade_async.report import write_report
 
     cfg = _config(config)
@@ -764,6 +787,16 @@ def report(
         return
     typer.echo(f"{s['designs']} designs ({s['accepted']} accepted), {s['episodes']} episodes, "
                f"{s['trainer_steps']} trainer steps, versions {s['versions_published']}")
+    typer.echo(f"moves: {moves_text(s['moves'])}")
+    if s["curriculum"]:
+        rows = [CURRICULUM_HEAD, *(curriculum_cells(r) for r in s["curriculum"])]
+        widths = [max(len(r[i]) for r in rows) for i in range(len(CURRICULUM_HEAD))]
+        typer.echo("curriculum:")
+        for r in rows:
+            typer.echo("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True))
+                       .rstrip())
+    if s["probe"]:
+        typer.echo("probe: " + "; ".join(probe_text(r) for r in s["probe"]))
     typer.echo(f"report: {out / 'index.html'}")
 
 

@@ -258,11 +258,40 @@ class DaemonConfig(_Strict):
                               "(0: off)")
 
 
-class EvalConfig(_Strict):
-    """Held-out evaluation (`spade eval`, and the daemon's periodic one)."""
+class ProbeVariantConfig(_Strict):
+    """One variant of the probe suite: a seed environment at chosen knob values."""
 
-    suites: list[Literal["reasoning-gym", "bfcl-multi-turn"]] = Field(
-        ["reasoning-gym", "bfcl-multi-turn"], description="suites run by default")
+    family: str = Field(min_length=1, description="a seed environment's file stem "
+                        "(spade_async/envs/seeds/<family>.py)")
+    params: dict[str, Any] = Field(default_factory=dict, description="its knob values; "
+                                   "the others keep their defaults")
+
+
+class EvalConfig(_Strict):
+    """Held-out evaluation (`spade eval`, and the daemon's periodic one), and the probe."""
+
+    suites: list[Literal["reasoning-gym", "bfcl-multi-turn", "probe"]] = Field(
+        ["reasoning-gym", "bfcl-multi-turn"], description="suites run by default (probe: a "
+        "fixed set of training variants, not held out; run it with --suite probe or list it "
+        "here)")
+    probe_variants: list[ProbeVariantConfig] | None = Field(
+        None, min_length=1, description="the probe suite's variants. None: every seed "
+        "environment at its easiest point (a heuristic: numeric knobs at their min, choices at "
+        "the first, bools false) and at its defaults")
+    probe_seeds: int = Field(8, ge=1, le=1000, description="episodes per probe variant, with "
+                             "the same fixed seeds on every version")
+
+    @field_validator("probe_variants")
+    @classmethod
+    def _probe_variants_resolve(cls, v: list[ProbeVariantConfig] | None,
+                                ) -> list[ProbeVariantConfig] | None:
+        """Each family must be a seed file and its params must fit the knobs it declares."""
+        if v is not None:
+            from spade_async.evals.probe import resolve_probe_variants
+
+            resolve_probe_variants([x.model_dump() for x in v])
+        return v
+
     every_versions: int = Field(0, ge=0, description="the daemon evaluates every N-th published "
                                 "version in the background (0: never; `spade eval` any time)")
     reasoning_gym_per_generator: int = Field(8, ge=1, description="tasks per reasoning-gym "

@@ -123,10 +123,14 @@ async def run_episode(
     policy_version: int,
     cfg: RolloutConfig,
     params: dict[str, Any] | None = None,
+    request_seed: int | None = None,
 ) -> Episode:
     """Play one episode. `params` (a variant's knobs) go to `env.reset`, which fills in the
     defaults; with None, reset is called as `reset(seed)`, so sessions without knobs (BFCL's)
-    need not accept them. A hinted episode's hint must come from the same params."""
+    need not accept them. A hinted episode's hint must come from the same params.
+    `request_seed` fixes the server's sampling (turn t sends request_seed + t - 1, so turns do
+    not share one random stream): the probe evaluation replays the same episodes on every
+    version. None, as in training: the server draws."""
     meta = env.meta
     ep = Episode(f"ep-{uuid.uuid4().hex[:12]}", env_id, seed, hint is not None, policy_version,
                  model, params=None if params is None else dict(params))
@@ -150,6 +154,8 @@ async def run_episode(
                 break
             out = await pool.complete(ep.token_ids, model=model, max_tokens=budget,
                                       temperature=cfg.temperature, top_p=cfg.top_p,
+                                      seed=None if request_seed is None
+                                      else request_seed + turn - 1,
                                       deadline_s=cfg.request_deadline_s)
             if list(out.prompt_token_ids) != ep.token_ids:
                 raise TokenMismatch(f"{out.endpoint} echoed a different prompt than it was sent "

@@ -6,7 +6,13 @@ Reads only what the processes already write, so it works on a live run or a fini
   <data_dir>/run/plays.jsonl       one line per played environment: regret, hinted/unhinted means
   the memory (LanceDB)             every stored environment, its embedding and regret stats
   <trainer root>/metrics.jsonl     one line per trainer step: loss, log-prob mismatch, version
-  <data_dir>/eval/results.jsonl    held-out evaluation scores per policy version (`spade eval`)
+  <data_dir>/eval/results.jsonl    evaluation scores per policy version (`spade eval`): the
+                                   held-out suites, and the probe's solve rate on fixed training
+                                   variants (with its 95% Wilson interval)
+The designer's moves (write / edit, DESIGN §12) and the curriculum its edits set per family come
+from the `move`, `family`/`name`, `params` and `variant_id` fields of designs.jsonl and
+plays.jsonl (the numbers: curriculum.py); records written before those fields existed count as
+writes (or replays).
 Every plot renders, with "no data yet" where a source is still empty, so a report of a run that
 has just started is complete too.
 """
@@ -25,6 +31,23 @@ from typing import Any
 import numpy as np
 
 from spade_async.config import SpadeConfig, run_dir
+from spade_async.curriculum import (
+    CURRICULUM_HEAD,
+    DESIGN_MOVES,
+    PLAY_MOVES,
+    PROBE,
+    curriculum,
+    curriculum_cells,
+    curriculum_table,
+    design_move,
+    moves_summary,
+    moves_text,
+    play_move,
+    probe_summary,
+    probe_text,
+    rate_text,
+    value_text,
+)
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -316,11 +339,13 @@ def plot_trainer(d: RunData, ax_loss, ax_lp) -> None:
 
 
 def plot_eval(d: RunData, ax) -> None:
-    if not d.evals:
+    if not any(r.get("suite") != PROBE for r in d.evals):
         _empty(ax, "evaluations (`spade eval`)")
     else:
         by_suite: dict[str, list[tuple[int, float]]] = {}
         for r in d.evals:
+            if r.get("suite") == PROBE:
+                continue  # not held out: its own plot, with intervals
             by_suite.setdefault(str(r.get("suite")), []).append(
                 (int(r.get("version", 0)), _num(r.get("score"))))
         for suite, pts in sorted(by_suite.items()):
@@ -331,6 +356,136 @@ def plot_eval(d: RunData, ax) -> None:
         ax.set_ylim(-0.05, 1.05)
         ax.legend(loc="best", fontsize=8)
     ax.set_title("Held-out evaluation per policy version")
+
+
+# ---- designer moves, the curriculum, the probe ---------------------------------------------
+
+def plot_moves(d: RunData, ax) -> None:
+    stages = (("proposed", "-"), ("accepted", "--"), ("played", ":"))
+    drawn = False
+    t0 = d.t0
+    for i, m in enumerate(DESIGN_MOVES):
+        for stage, ls in stages:
+            if stage == "played":
+                recs = [p for p in d.plays if play_move(p) == m]
+            else:
+                recs = [x for x in d.designs if design_move(x) == m
+                        and (stage == "proposed" or x.get("status") == "accepted")]
+            if not recs:
+                continue
+            t = np.sort(_minutes(recs, t0))
+            ax.step(t, np.arange(1, len(t) + 1), where="post", ls=ls, color=f"C{i}",
+                    lw=1.6, label=f"{m} {stage}")
+            drawn = True
+    for j, m in enumerate(PLAY_MOVES[2:]):
+        recs = [p for p in d.plays if play_move(p) == m]
+        if recs:
+            t = np.sort(_minutes(recs, t0))
+            ax.step(t, np.arange(1, len(t) + 1), where="post", color=f"{0.35 + 0.25 * j}",
+                    lw=1.2, label=f"{m} played")
+            drawn = True
+    if drawn:
+        from matplotlib.ticker import MaxNLocator
+
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_ylabel("cumulative count")
+        ax.set_xlabel("minutes since the run started")
+        ax.legend(loc="upper left", fontsize=8, ncol=2)
+    else:
+        _empty(ax, "designs")
+    ax.set_title("Designer moves: proposed, accepted and played, by kind")
+
+
+MAX_CURRICULUM_PANELS = 12
+
+
+def _knob_axis(values: list[Any], scaled: bool) -> tuple[list[float], list[str]]:
+    """A knob's values as y positions: numbers as they are (bools as 0/1), anything else by
+    order of first appearance (then also the tick labels); `scaled` maps them onto [0, 1]."""
+    cats: list[str] = []
+    if all(isinstance(v, (int, float)) for v in values):
+        ys = [float(v) for v in values]
+    else:
+        cats = list(dict.fromkeys(value_text(v) for v in values))
+        ys = [float(cats.index(value_text(v))) for v in values]
+    if scaled and ys:
+        lo, hi = min(ys), max(ys)
+        ys = [(y - lo) / (hi - lo) if hi > lo else 0.5 for y in ys]
+    return ys, cats
+
+
+def _rate_text(r: dict[str, Any]) -> str:
+    return rate_text(r["rate"], r["n"])
+
+
+def plot_curriculum(d: RunData, axes: list, fig, solved_at: float) -> None:
+    fams = curriculum(d.designs, d.plays, d.t0, solved_at)[:MAX_CURRICULUM_PANELS]
+    if not fams:
+        _empty(axes[0], "family with knobs played")
+        axes[0].set_title("Curriculum: knob values chosen by edits")
+        return
+    markers = "osD^v<>p"
+    sc = None
+    for ax, f in zip(axes, fams, strict=False):
+        # The knobs the edits moved (all of them while none has moved); the table has the rest.
+        drawn = [k for k in f["knobs"] if k["changes"]] or f["knobs"]
+        scaled = len(drawn) > 1  # knobs of different ranges share the panel
+        end = max([pt["minute"] for pt in f["series"]] + [p["minute"] for p in f["plays_at"]])
+        for i, k in enumerate(drawn):
+            knob = k["knob"]
+            pts = [pt for pt in f["series"] if knob in pt["params"]]
+            pls = [p for p in f["plays_at"] if knob in p["params"] and p["n"]]
+            ys, cats = _knob_axis([pt["params"][knob] for pt in pts]
+                                  + [p["params"][knob] for p in pls], scaled)
+            if pts:
+                line = ys[:len(pts)]
+                ax.step([pt["minute"] for pt in pts] + [end], line + line[-1:], where="post",
+                        color=f"C{i}", lw=1.6,
+                        label=f"{knob}: {value_text(k['first'])} -> {value_text(k['last'])}")
+            if pls:
+                sc = ax.scatter([p["minute"] for p in pls], ys[len(pts):],
+                                c=[p["solved"] / p["n"] for p in pls], cmap="RdYlGn",
+                                vmin=0.0, vmax=1.0, marker=markers[i % len(markers)], s=36,
+                                edgecolors="k", linewidths=0.4, zorder=3)
+            if cats and not scaled:
+                ax.set_yticks(range(len(cats)), cats)
+        ax.set_ylabel("knob value" + (" (scaled to its range)" if scaled else ""), fontsize=8)
+        ax.legend(loc="best", fontsize=7)
+        ax.set_title(f"{f['family']}: {f['edits']} edits; unhinted solve rate "
+                     f"{_rate_text(f['solve_first'])} at the first setting, "
+                     f"{_rate_text(f['solve_last'])} at the last", fontsize=9)
+    for ax in axes[len(fams):]:
+        ax.set_visible(False)
+    axes[len(fams) - 1].set_xlabel("minutes since the run started (markers: plays, coloured "
+                                   "by their unhinted solve rate)")
+    if sc is not None:
+        fig.set_layout_engine("constrained")  # tight_layout cannot place a shared colorbar
+        fig.colorbar(sc, ax=axes[:len(fams)], label="unhinted solve rate of the play",
+                     fraction=0.03, pad=0.01)
+
+
+def plot_probe(d: RunData, ax) -> None:
+    rows = probe_summary(d.evals)
+    if not rows:
+        _empty(ax, "probe evaluations (`spade eval --suite probe`)")
+    else:
+        x = np.array([r["version"] for r in rows])
+        y = np.array([r["solved"] / r["n"] if r["n"] else np.nan for r in rows])
+        lo = np.array([r["ci95"][0] for r in rows])
+        hi = np.array([r["ci95"][1] for r in rows])
+        ax.errorbar(x, y, yerr=[np.maximum(0, y - lo), np.maximum(0, hi - y)], marker="o",
+                    capsize=4, lw=1.5)
+        for r, xi, yi in zip(rows, x, y, strict=True):
+            ax.annotate(f"n={r['n']}", (xi, yi), textcoords="offset points", xytext=(6, 4),
+                        fontsize=7, color="0.4")
+        ax.set_xlabel("policy version")
+        ax.set_ylabel("unhinted solve rate")
+        ax.set_ylim(-0.05, 1.05)
+        from matplotlib.ticker import MaxNLocator
+
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_title("Probe: solve rate on fixed training variants per version (95% Wilson "
+                 "interval)")
 
 
 # ---- the report ----------------------------------------------------------------------------
@@ -356,11 +511,31 @@ PLOTS: list[tuple[str, str, str]] = [
      "inference server's log-probs of the sampled tokens; grey lines mark published versions."),
     ("eval.png", "Held-out evaluation",
      "Scores per held-out suite for each evaluated policy version (`spade eval`)."),
+    ("moves.png", "Designer moves",
+     "Cumulative counts per move over time: designs proposed (solid), accepted (dashed) and "
+     "played with a score (dotted), for writes (new modules) and edits (new knob settings of a "
+     "stored environment); grey: plays of the replay sampler and of the fixed baseline."),
+    ("curriculum.png", "Curriculum",
+     "Per family with knobs (the most edited first): the knob values its edits chose over "
+     "time, one line per knob, from the family's first played setting; markers are its plays, "
+     "coloured by their unhinted solve rate. The table gives each knob's first and last value "
+     "and the solve rate at the first and at the last setting."),
+    ("probe.png", "Probe",
+     "Unhinted solve rate on the probe set (fixed training variants, fixed seeds: `spade eval "
+     "--suite probe`) per policy version, with its 95% Wilson interval."),
 ]
 
 
-# file -> (panels, inches per panel, draw(data, axes, figure, config))
-LAYOUT: dict[str, tuple[int, float, Callable[[RunData, list, Any, SpadeConfig], None]]] = {
+def _curriculum_panels(d: RunData, cfg: SpadeConfig) -> int:
+    return max(1, min(MAX_CURRICULUM_PANELS,
+                      len(curriculum(d.designs, d.plays, d.t0,
+                                 cfg.validation.solution_score))))
+
+
+# file -> (panels, or a function of the data giving them; inches per panel;
+#          draw(data, axes, figure, config))
+LAYOUT: dict[str, tuple[int | Callable[[RunData, SpadeConfig], int], float,
+                        Callable[[RunData, list, Any, SpadeConfig], None]]] = {
     "regret.png": (2, 3.2, lambda d, ax, fig, cfg: plot_regret(d, *ax,
                                                                 cfg.validation.solution_score)),
     "designs.png": (2, 3.2, lambda d, ax, fig, cfg: plot_designs(d, *ax)),
@@ -368,6 +543,10 @@ LAYOUT: dict[str, tuple[int, float, Callable[[RunData, list, Any, SpadeConfig], 
     "embedding_map.png": (1, 6.5, lambda d, ax, fig, cfg: plot_embedding_map(d, *ax, fig)),
     "trainer.png": (2, 3.2, lambda d, ax, fig, cfg: plot_trainer(d, *ax)),
     "eval.png": (1, 3.6, lambda d, ax, fig, cfg: plot_eval(d, *ax)),
+    "moves.png": (1, 3.6, lambda d, ax, fig, cfg: plot_moves(d, *ax)),
+    "curriculum.png": (_curriculum_panels, 2.8, lambda d, ax, fig, cfg: plot_curriculum(
+        d, ax, fig, cfg.validation.solution_score)),
+    "probe.png": (1, 3.6, lambda d, ax, fig, cfg: plot_probe(d, *ax)),
 }
 
 
@@ -380,6 +559,7 @@ def _same_x(*axes) -> None:
 
 
 def summary(cfg: SpadeConfig, d: RunData) -> dict[str, Any]:
+    fams = curriculum(d.designs, d.plays, d.t0, cfg.validation.solution_score)
     outcomes = Counter(_outcome(x) for x in d.designs)
     regrets = [float(p.get("regret", 0.0)) for p in d.plays]
     published = [s["publish"]["version"] for s in d.steps
@@ -401,6 +581,10 @@ def summary(cfg: SpadeConfig, d: RunData) -> dict[str, Any]:
         "trainer_steps": len(d.steps),
         "versions_published": published,
         "evaluations": len(d.evals),
+        "moves": moves_summary(d.designs, d.plays, d.t0),
+        "curriculum": curriculum_table(fams),
+        "curriculum_families": fams,
+        "probe": probe_summary(d.evals),
     }
 
 
@@ -420,9 +604,12 @@ def write_report(cfg: SpadeConfig, out: Path,
     for name, _, _ in PLOTS:
         progress(f"plotting {name}")
         panels, inches, draw = LAYOUT[name]
+        if callable(panels):
+            panels = panels(d, cfg)
         fig, axes = plt.subplots(panels, 1, figsize=(9, inches * panels), squeeze=False)
         draw(d, [a[0] for a in axes], fig, cfg)
-        fig.tight_layout()
+        if not fig.get_layout_engine():  # a colorbar over several panels set its own
+            fig.tight_layout()
         fig.savefig(out / name, dpi=110)
         plt.close(fig)
         files.append(str(out / name))
@@ -431,6 +618,13 @@ def write_report(cfg: SpadeConfig, out: Path,
     (out / "index.html").write_text(_html(s), encoding="utf-8")
     (out / "summary.json").write_text(json.dumps(s, indent=2))
     return s
+
+
+def _html_table(head: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
+    cells = "".join(f"<th>{html.escape(h)}</th>" for h in head)
+    body = "\n".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>"
+                     for r in rows)
+    return f"<table><tr>{cells}</tr>\n{body}</table>"
 
 
 def _html(s: dict[str, Any]) -> str:
@@ -444,12 +638,25 @@ def _html(s: dict[str, Any]) -> str:
             ("environments played", f"{s['envs_played']}, mean regret {s['regret_mean']}"),
             ("trainer", f"{s['trainer_steps']} steps, versions published "
              f"{s['versions_published']}"),
-            ("held-out evaluations", s["evaluations"])]
+            ("evaluations", s["evaluations"]),
+            ("designer moves", moves_text(s["moves"])),
+            ("probe", "; ".join(probe_text(r) for r in s["probe"]) or "not run yet")]
     table = "\n".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>"
                       for k, v in rows)
+    extra = {
+        "curriculum.png": _html_table(CURRICULUM_HEAD,
+                                      [curriculum_cells(r) for r in s["curriculum"]])
+        if s["curriculum"] else "<p>No family with knobs played yet.</p>",
+        "probe.png": _html_table(("version", "solved", "n", "solve rate", "95% interval"), [
+            (str(r["version"]), str(r["solved"]), str(r["n"]),
+             rate_text(r["solved"] / r["n"] if r["n"] else None, r["n"]),
+             f"[{r['ci95'][0]:.2f}, {r['ci95'][1]:.2f}]") for r in s["probe"]])
+        if s["probe"] else "",
+    }
     sections = "\n".join(
         f'<section><h2>{html.escape(title)}</h2><p>{html.escape(caption)}</p>'
-        f'<a href="{name}"><img src="{name}" alt="{html.escape(title)}"></a></section>'
+        f'<a href="{name}"><img src="{name}" alt="{html.escape(title)}"></a>'
+        f'{extra.get(name, "")}</section>'
         for name, title, caption in PLOTS)
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>SPADE-async run report</title>

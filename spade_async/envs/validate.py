@@ -27,6 +27,7 @@ from spade_async.envs.contract import (
     REQUIRED_METHODS,
     ContractError,
     EnvMeta,
+    ParamSpec,
     check_params_schema,
     episode_score,
     extreme_points,
@@ -181,6 +182,25 @@ def _declared_params(cls: ast.ClassDef | None) -> Any:
         return ast.literal_eval(value)
     except Exception:  # any non-literal (or absurdly nested) expression
         return _COMPUTED
+
+
+def declared_params(code: str) -> tuple[ParamSpec, ...]:
+    """The knobs a module's Environment declares as a literal, read without running it (the
+    daemon never imports environment code, seeds included). ContractError when the module does
+    not parse, has no Environment class, or its `params` is not a literal or not a valid
+    schema; () when it declares none."""
+    try:
+        tree = ast.parse(code)
+    except SyntaxError as exc:
+        raise ContractError(f"the module does not parse: {exc.msg} (line {exc.lineno})") from None
+    classes = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Environment"]
+    if not classes:
+        raise ContractError("no top-level class named Environment")
+    raw = _declared_params(classes[0])
+    if raw is _COMPUTED:
+        raise ContractError("Environment.params is not a literal: only the loaded environment "
+                            "can tell its knobs")
+    return check_params_schema(raw)
 
 
 def _static_params(cls: ast.ClassDef | None, params: dict[str, Any] | None) -> Check:

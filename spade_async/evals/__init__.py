@@ -1,19 +1,22 @@
-"""Held-out evaluation suites (`spade eval`): tasks from packages nobody here wrote, scored by
-their own checkers (see base.py)."""
+"""Evaluation suites (`spade eval`): held-out tasks from packages nobody here wrote, scored by
+their own checkers (see base.py), and the `probe`, a fixed set of training variants (probe.py)."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from spade_async.config import EvalConfig
+    from spade_async.config import SpadeConfig
     from spade_async.evals.base import Suite
+    from spade_async.sandbox.runtime import Sandbox
 
-SUITES = ("reasoning-gym", "bfcl-multi-turn")
+SUITES = ("reasoning-gym", "bfcl-multi-turn", "probe")
 
 
-def make_suite(name: str, ecfg: EvalConfig) -> Suite:
-    """A suite by name, sized by the config's [eval] section."""
+def make_suite(name: str, cfg: SpadeConfig, sandbox: Sandbox | None = None) -> Suite:
+    """A suite by name, sized by the config's [eval] section. `sandbox`: where the probe
+    plays (None: it opens its own for the run); the held-out suites need none."""
+    ecfg = cfg.eval
     if name == "reasoning-gym":
         from spade_async.evals.reasoning_gym_suite import ReasoningGymSuite
 
@@ -23,4 +26,8 @@ def make_suite(name: str, ecfg: EvalConfig) -> Suite:
         from spade_async.evals.bfcl import BfclMultiTurnSuite
 
         return BfclMultiTurnSuite(n_tasks=ecfg.bfcl_tasks)
+    if name == "probe":
+        from spade_async.evals.probe import ProbeSuite
+
+        return ProbeSuite.from_config(cfg, sandbox)
     raise ValueError(f"unknown suite {name!r}: one of {', '.join(SUITES)}")

@@ -14,15 +14,19 @@ import json
 import math
 import time
 from collections.abc import Callable, Sequence
+from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 
 from spade_async.chat_tokens import ChatTokens
 from spade_async.endpoints.pool import EndpointError, EndpointPool
 from spade_async.logs import get_logger
+
+if TYPE_CHECKING:
+    from spade_async.sandbox.runtime import Sandbox
 
 log = get_logger("eval")
 
@@ -152,6 +156,21 @@ async def run_suite(suite: Suite, policy: EvalPolicy, *, limit: int | None = Non
         seconds=round(time.perf_counter() - t0, 2), time=time.time(), tasks=ordered)
 
 
+def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """The Wilson score interval of a success rate (95% with the default z): unlike the
+    normal approximation it stays inside [0, 1] and is not empty at 0 or n successes, which
+    is where small probe sets sit. (0, 1) when n is 0: nothing is known."""
+    if n <= 0:
+        return 0.0, 1.0
+    if not 0 <= successes <= n:
+        raise ValueError(f"{successes} successes out of {n}")
+    p = successes / n
+    z2 = z * z
+    centre = (p + z2 / (2 * n)) / (1 + z2 / n)
+    half = z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / (1 + z2 / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
 def eval_dir(data_dir: Path) -> Path:
     return data_dir / "eval"
 
@@ -199,8 +218,12 @@ def model_for_version(cfg: Any, version: int, current: tuple[int, str]) -> str:
 async def evaluate_version(cfg: Any, pool: EndpointPool, chat: ChatTokens, *, version: int,
                            model: str, suites: Sequence[str], limit: int | None = None,
                            progress: Callable[[str], None] = lambda _: None,
-                           ) -> list[SuiteResult]:
-    """Run each suite against `model` and store its results under <data_dir>/eval/."""
+                           sandbox: Sandbox | None = None) -> list[SuiteResult]:
+    """Run each suite against `model` and store its results under <data_dir>/eval/.
+    `sandbox`: where the probe suite plays; None opens one for its run. A process that already
+    holds a Sandbox (the daemon) must pass it: two in one process share the slot uids, each
+    one's orphan reaper counts the other's live workers as its own dying orphans, and its
+    used slots never free (its next `open` waits for ever)."""
     from spade_async.evals import make_suite
 
     ecfg = cfg.eval
@@ -209,10 +232,13 @@ async def evaluate_version(cfg: Any, pool: EndpointPool, chat: ChatTokens, *, ve
                         deadline_s=cfg.rollout.request_deadline_s)
     out = []
     for name in suites:
-        suite = make_suite(name, ecfg)
+        suite = make_suite(name, cfg, sandbox)
         progress(f"{name}: evaluating version {version} ({model})")
-        result = await run_suite(suite, policy, limit=limit, concurrency=ecfg.concurrency,
-                                 progress=progress)
+        # A suite that holds resources for its run (the probe's sandbox) is a context manager.
+        held = suite if isinstance(suite, AbstractAsyncContextManager) else nullcontext()
+        async with held:
+            result = await run_suite(suite, policy, limit=limit,
+                                     concurrency=ecfg.concurrency, progress=progress)
         store_result(cfg.paths.data_dir, result)
         out.append(result)
     return out
