@@ -276,8 +276,11 @@ class EvalConfig(_Strict):
         "here)")
     probe_variants: list[ProbeVariantConfig] | None = Field(
         None, min_length=1, description="the probe suite's variants. None: every seed "
-        "environment at its easiest point (a heuristic: numeric knobs at their min, choices at "
-        "the first, bools false) and at its defaults")
+        "environment at the points probe_rungs names")
+    probe_rungs: list[Literal["easiest", "default"]] = Field(
+        ["easiest", "default"], min_length=1, description="with probe_variants None, which "
+        "points of every seed family the probe plays: its easiest point (each knob's `easy` "
+        "value, else min / first choice / false), its defaults, or both")
     probe_seeds: int = Field(8, ge=1, le=1000, description="episodes per probe variant, with "
                              "the same fixed seeds on every version")
 

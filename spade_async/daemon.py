@@ -36,9 +36,9 @@ from spade_async.config import SpadeConfig
 from spade_async.constrained import TokenBytes
 from spade_async.corpus import Chunk, CorpusSampler
 from spade_async.designer import Design, design
-from spade_async.edit import VariantView, candidate_params, easiest_params, propose_edit
+from spade_async.edit import VariantView, candidate_params, propose_edit
 from spade_async.endpoints.pool import EndpointError, EndpointPool
-from spade_async.envs.contract import ContractError, EnvMeta, resolve_params
+from spade_async.envs.contract import ContractError, EnvMeta, easiest_point, resolve_params
 from spade_async.envs.validate import ValidationReport, validate
 from spade_async.episode import Episode, play_in_sandbox
 from spade_async.failures import Failures, GaveUp, failure_kind
@@ -367,7 +367,7 @@ class Daemon:
                 try:
                     results = await evaluate_version(
                         self.cfg, self.pool, self.chat, version=version, model=model,
-                        suites=self.cfg.eval.suites,
+                        suites=self.cfg.eval.suites, sandbox=self.sandbox,
                         progress=lambda m: log.info("eval_progress", detail=m))
                     self.counters["evals"] += 1
                     for r in results:
@@ -469,7 +469,7 @@ class Daemon:
             self.counters["edit_without_parent"] += 1
             return None
         env = self._rng.choice(families)
-        easy = easiest_params(self._metas[env.env_id].params)
+        easy = easiest_point(self._metas[env.env_id].params)
         return StoredEnv(env.env_id, env.code, env.name, params=easy,
                          variant_id=variant_id(env.env_id, easy))
 

@@ -64,21 +64,6 @@ def _choice_steps(spec: ParamSpec, v: Any) -> list[Any]:
     return [choices[j] for j in (i - 1, i + 1) if 0 <= j < len(choices)]
 
 
-def easiest_params(specs: Sequence[ParamSpec]) -> dict[str, Any]:
-    """Every knob at its easy end, by the contract's convention (DESIGN §3): an int or float
-    knob's min, a choice knob's first choice, false. Where an environment never played gets
-    edited from, as ACCEL starts from simple levels and lets edits make them harder."""
-    out: dict[str, Any] = {}
-    for spec in specs:
-        if spec.type in ("int", "float"):
-            out[spec.name] = spec.min
-        elif spec.type == "bool":
-            out[spec.name] = False
-        else:
-            out[spec.name] = (spec.choices or (spec.default,))[0]
-    return out
-
-
 def candidate_params(specs: Sequence[ParamSpec], current: dict[str, Any], rng: random.Random,
                      limit: int) -> list[dict[str, Any]]:
     """Neighbours of `current`: one knob moved one step (an int knob on a wide range may also

@@ -476,3 +476,19 @@ async def test_daemon_plays_a_job_at_its_params_hinted_too(fake, tmp_path):
     assert plain.params is None and int(plain.first_observation.split()[1]) < 100
     prompts = [chat.decode(c["prompt"]) for c in server.state.completions]
     assert any(f"The first number is {a}." in p for p in prompts)
+
+
+def test_a_knob_may_name_its_easy_end():
+    from spade_async.envs.contract import easiest_point
+
+    specs = check_params_schema({
+        "guesses": {"type": "int", "min": 1, "max": 10, "default": 6, "easy": 10},
+        "digits": {"type": "int", "min": 1, "max": 4, "default": 2},
+        "show": {"type": "bool", "default": False, "easy": True},
+        "mode": {"type": "choice", "choices": ["a", "b"], "default": "b"},
+    })
+    assert easiest_point(specs) == {"guesses": 10, "digits": 1, "show": True, "mode": "a"}
+    assert check_params_schema({s.name: s.as_dict() for s in specs}) == specs
+    with pytest.raises(ContractError, match="knob 'g': easy: .*in \\[1, 10\\], got 11"):
+        check_params_schema({"g": {"type": "int", "min": 1, "max": 10, "default": 6,
+                                   "easy": 11}})

@@ -5,6 +5,7 @@ and the gymnasium adapter. It describes what generated code must provide; it nev
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -46,6 +47,21 @@ class ParamSpec:
     choices: tuple[str | int | float, ...] | None = None
     default: Any = None
     description: str = ""
+    easy: Any = None  # the knob's easiest value when it is not the usual end (see `easiest`)
+
+    @property
+    def easiest(self) -> Any:
+        """The value that makes the task easiest: `easy` when the spec names it, else the
+        convention: an int or float knob's min, a choice knob's first choice, false (most
+        knobs make a task harder as they grow; "guesses allowed" is one that does not, and
+        says `"easy": <its max>`)."""
+        if self.easy is not None:
+            return self.easy
+        if self.type in ("int", "float"):
+            return self.min
+        if self.type == "bool":
+            return False
+        return (self.choices or (self.default,))[0]
 
     def as_dict(self) -> dict[str, Any]:
         """The spec in the form an environment declares it (`check_params_schema` reads it back
@@ -56,6 +72,8 @@ class ParamSpec:
         elif self.type == "choice":
             out["choices"] = list(self.choices or ())
         out["default"] = self.default
+        if self.easy is not None:
+            out["easy"] = self.easy
         if self.description:
             out["description"] = self.description
         return out
@@ -202,14 +220,25 @@ def _is_number(v: Any) -> bool:
 
 
 _SPEC_KEYS = {
-    "int": {"type", "min", "max", "default", "description"},
-    "float": {"type", "min", "max", "default", "description"},
-    "bool": {"type", "default", "description"},
-    "choice": {"type", "choices", "default", "description"},
+    "int": {"type", "min", "max", "default", "description", "easy"},
+    "float": {"type", "min", "max", "default", "description", "easy"},
+    "bool": {"type", "default", "description", "easy"},
+    "choice": {"type", "choices", "default", "description", "easy"},
 }
 
 
 def _check_spec(name: Any, spec: Any) -> ParamSpec:
+    checked = _check_spec_values(name, spec)
+    if spec.get("easy") is None:
+        return checked
+    try:  # the easiest value must be a value the knob takes
+        easy = resolve_params((checked,), {checked.name: spec["easy"]})[checked.name]
+    except ContractError as exc:
+        raise ContractError(f"Environment.params: knob '{name}': easy: {exc}") from None
+    return dataclasses.replace(checked, easy=easy)
+
+
+def _check_spec_values(name: Any, spec: Any) -> ParamSpec:
     if not isinstance(name, str) or len(name) > MAX_PARAM_NAME or not PARAM_NAME.fullmatch(name):
         raise ContractError(f"Environment.params: knob name {name!r} must be an identifier "
                             f"[a-z_][a-z0-9_]* of at most {MAX_PARAM_NAME} characters")
@@ -268,6 +297,13 @@ def _check_spec(name: Any, spec: Any) -> ParamSpec:
         raise bad(f"default {default!r} is not one of the choices {choices!r:.120}")
     return ParamSpec(name, kind, choices=tuple(choices), default=choices[choices.index(default)],
                      description=desc)
+
+
+def easiest_point(specs: tuple[ParamSpec, ...] | list[ParamSpec]) -> dict[str, Any]:
+    """Every knob at its easiest value (`ParamSpec.easiest`), resolved: where the edit move
+    starts an environment never played (as ACCEL starts from simple levels) and the default
+    probe set's easy rung."""
+    return resolve_params(tuple(specs), {s.name: s.easiest for s in specs})
 
 
 def check_params_schema(raw: Any) -> tuple[ParamSpec, ...]:

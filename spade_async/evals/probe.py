@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from memory_db.schema import env_id as content_id
 from memory_db.schema import variant_id
-from spade_async.envs.contract import ContractError, ParamSpec, resolve_params
+from spade_async.envs.contract import ContractError, ParamSpec, easiest_point, resolve_params
 from spade_async.evals.base import EvalPolicy, EvalTask, TaskResult
 
 if TYPE_CHECKING:
@@ -38,38 +38,21 @@ def seed_families(root: Path = SEEDS_DIR) -> dict[str, Path]:
     return {p.stem: p for p in sorted(root.glob("*.py")) if p.name != "__init__.py"}
 
 
-def easiest_point(specs: Sequence[ParamSpec]) -> dict[str, Any]:
-    """A guess at a family's easiest setting: every int and float knob at its min, every
-    choice knob at its first choice, every bool false, resolved with `resolve_params`.
-
-    A heuristic: most knobs make a task harder as they grow (digits, sizes, counts), but not
-    every one does (fewer guesses allowed is harder, not easier), and nothing in a knob's spec
-    says which way it points. It only picks the default probe list; `eval.probe_variants`
-    overrides it with settings chosen by hand."""
-    given: dict[str, Any] = {}
-    for s in specs:
-        if s.type in ("int", "float"):
-            given[s.name] = s.min
-        elif s.type == "bool":
-            given[s.name] = False
-        else:
-            given[s.name] = (s.choices or (s.default,))[0]
-    return resolve_params(tuple(specs), given)
-
-
 def family_knobs(code: str) -> tuple[ParamSpec, ...]:
     from spade_async.envs.validate import declared_params
 
     return declared_params(code)
 
 
-def default_probe_variants(root: Path = SEEDS_DIR) -> list[dict[str, Any]]:
+def default_probe_variants(root: Path = SEEDS_DIR,
+                           rungs: Sequence[str] = ("easiest", "default")) -> list[dict[str, Any]]:
     """The default probe list: every seed family at its easiest point, then at its defaults
-    (one entry when the two coincide, as for a family without knobs)."""
+    (`rungs` picks which; one entry when the two coincide, as for a family without knobs)."""
     out: list[dict[str, Any]] = []
     for family, path in seed_families(root).items():
         specs = family_knobs(path.read_text())
-        for params in (easiest_point(specs), resolve_params(specs, None)):
+        points = {"easiest": easiest_point(specs), "default": resolve_params(specs, None)}
+        for params in (points[r] for r in rungs):
             entry = {"family": family, "params": params}
             if entry not in out:
                 out.append(entry)
@@ -94,12 +77,13 @@ class ProbeVariant:
 
 
 def resolve_probe_variants(given: Sequence[dict[str, Any]] | None,
-                           root: Path = SEEDS_DIR) -> list[ProbeVariant]:
+                           root: Path = SEEDS_DIR,
+                           rungs: Sequence[str] = ("easiest", "default")) -> list[ProbeVariant]:
     """The probe list (`eval.probe_variants`; None: `default_probe_variants`) as variants with
     every knob resolved. ValueError naming the entry: an unknown family, params that do not fit
     its knobs, or the same variant twice."""
     families = seed_families(root)
-    entries = default_probe_variants(root) if given is None else list(given)
+    entries = default_probe_variants(root, rungs) if given is None else list(given)
     out: list[ProbeVariant] = []
     for i, entry in enumerate(entries):
         family, params = entry.get("family"), entry.get("params") or {}
@@ -143,7 +127,8 @@ class ProbeSuite:
                     root: Path = SEEDS_DIR) -> ProbeSuite:
         e = cfg.eval
         given = None if e.probe_variants is None else [v.model_dump() for v in e.probe_variants]
-        return cls(resolve_probe_variants(given, root), probe_seeds(e.probe_seeds), cfg.rollout,
+        return cls(resolve_probe_variants(given, root, e.probe_rungs), probe_seeds(e.probe_seeds),
+                   cfg.rollout,
                    cfg.sandbox, sandbox)
 
     async def __aenter__(self) -> ProbeSuite:

@@ -124,7 +124,7 @@ class Environment:
         "submit": {"type": "bool", "default": True,
                    "description": "finish with submit (off: the first successful booking is "
                                   "checked at once and ends the episode)"},
-        "show_format": {"type": "bool", "default": False,
+        "show_format": {"type": "bool", "default": False, "easy": True,
                         "description": "the task shows the JSON form of each call it needs, "
                                        "with <placeholders> to fill in"},
     }

@@ -120,9 +120,9 @@ class Environment:
                    "description": "digits of each logged value (1 means 2 to 9)"},
         "mkdir": {"type": "bool", "default": True,
                   "description": "the report's directory must be created (off: it exists)"},
-        "paths_given": {"type": "bool", "default": False,
+        "paths_given": {"type": "bool", "default": False, "easy": True,
                         "description": "the task lists the log files' paths"},
-        "show_format": {"type": "bool", "default": False,
+        "show_format": {"type": "bool", "default": False, "easy": True,
                         "description": "the task shows the JSON form of each call it needs, "
                                        "with <placeholders> to fill in"},
     }

@@ -87,7 +87,7 @@ class Environment:
         "min_path": {"type": "int", "min": 1, "max": 12, "default": 7,
                      "description": "shortest path at least this long (as far as the map "
                                     "allows)"},
-        "replies": {"type": "int", "min": 1, "max": 12, "default": 12,
+        "replies": {"type": "int", "min": 1, "max": 12, "default": 12, "easy": 12,
                     "description": "replies allowed"},
     }
 

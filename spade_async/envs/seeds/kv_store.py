@@ -102,7 +102,7 @@ class Environment:
         "submit": {"type": "bool", "default": True,
                    "description": "finish with submit (off: the first set of the result key ends "
                                   "the episode and is checked)"},
-        "show_format": {"type": "bool", "default": False,
+        "show_format": {"type": "bool", "default": False, "easy": True,
                         "description": "the task shows the JSON form of each call it needs, "
                                        "with <placeholders> to fill in"},
     }

@@ -61,9 +61,9 @@ class Environment:
                    "description": "pegs in the code"},
         "colors": {"type": "int", "min": 2, "max": 6, "default": 6,
                    "description": "colors in play (the first ones of R G B Y O P)"},
-        "guesses": {"type": "int", "min": 1, "max": 10, "default": 10,
+        "guesses": {"type": "int", "min": 1, "max": 10, "default": 10, "easy": 10,
                     "description": "guesses allowed"},
-        "opening": {"type": "bool", "default": True,
+        "opening": {"type": "bool", "default": True, "easy": True,
                     "description": "a free opening guess and its score are shown at the start"},
     }
 

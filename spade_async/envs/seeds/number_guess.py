@@ -45,7 +45,7 @@ class Environment:
         "span_max": {"type": "int", "min": 5, "max": 2000, "default": 2000,
                      "description": "largest distance between the range's ends (spans run from "
                                     "3/10 of it)"},
-        "guesses": {"type": "int", "min": 1, "max": 12, "default": 12,
+        "guesses": {"type": "int", "min": 1, "max": 12, "default": 12, "easy": 12,
                     "description": "guesses allowed"},
     }
 

@@ -89,7 +89,7 @@ class Environment:
         "fields": {"type": "int", "min": 1, "max": 4, "default": 3,
                    "description": "number fields per record (all but the asked one are "
                                   "distractors)"},
-        "show_call": {"type": "bool", "default": False,
+        "show_call": {"type": "bool", "default": False, "easy": True,
                       "description": "the task spells out the first tool call in full"},
     }
 

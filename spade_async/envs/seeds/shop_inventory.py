@@ -101,7 +101,7 @@ class Environment:
                                     "unless 0)"},
         "qty_max": {"type": "int", "min": 1, "max": 5, "default": 5,
                     "description": "largest quantity asked (from 2 up, or exactly 1)"},
-        "show_format": {"type": "bool", "default": False,
+        "show_format": {"type": "bool", "default": False, "easy": True,
                         "description": "the task shows the JSON form of each call it needs, "
                                        "with <placeholders> to fill in"},
     }

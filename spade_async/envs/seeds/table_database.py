@@ -139,10 +139,10 @@ class Environment:
         "below": {"type": "int", "min": 1, "max": 4, "default": 4,
                   "description": "most underpaid employees in the asked department (from 2 up, or "
                                  "exactly 1)"},
-        "by_id": {"type": "bool", "default": False,
+        "by_id": {"type": "bool", "default": False, "easy": True,
                   "description": "the task names the department's id (off: its floor, to be looked "
                                  "up)"},
-        "show_format": {"type": "bool", "default": False,
+        "show_format": {"type": "bool", "default": False, "easy": True,
                         "description": "the task shows the JSON form of each call it needs, "
                                        "with <placeholders> to fill in"},
     }

@@ -63,7 +63,7 @@ class Environment:
     params = {
         "words": {"type": "int", "min": 2, "max": 50, "default": 50,
                   "description": "words in the shown list (the secret is one of them)"},
-        "guesses": {"type": "int", "min": 1, "max": 6, "default": 6,
+        "guesses": {"type": "int", "min": 1, "max": 6, "default": 6, "easy": 6,
                     "description": "guesses allowed"},
     }
 
