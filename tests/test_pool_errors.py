@@ -185,3 +185,22 @@ async def test_successful_generations_feed_the_speed_estimate(server):
     # ~0.01 s a token (plus overhead), one request at a time
     assert 0.005 < snap["s_per_token_p90"] < 0.2
     json.dumps(snap)  # status.json carries it
+
+
+async def test_a_busy_endpoint_queues_requests_it_is_not_an_outage(server):
+    # One slot, 1 s a request, and wait_for_endpoint_s far below the queueing time: the
+    # endpoint is up, so the queued requests wait their turn instead of failing as no_endpoint.
+    server.state.request_latency_s = 1.0
+    cfg = PoolConfig(**{**FAST.model_dump(), "wait_for_endpoint_s": 0.3})
+    async with EndpointPool([_ep(server.base_url, max_concurrency=1)], cfg) as pool:
+        done: list[str] = []
+
+        async def one() -> None:
+            await pool.chat(MSG, model="policy", max_tokens=2)
+            done.append("ok")
+
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as tg:
+                for _ in range(3):
+                    tg.start_soon(one)
+    assert done == ["ok"] * 3 and server.state.max_in_flight == 1

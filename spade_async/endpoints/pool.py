@@ -453,29 +453,37 @@ class EndpointPool:
             self._models_probed_at = started
 
     async def _acquire(self, model: str | None, exclude: set[str]) -> _Endpoint:
+        """A slot on an endpoint that serves `model`. Raises TimeoutError after
+        `wait_for_endpoint_s` without any endpoint up; while endpoints are up but every slot
+        is taken the request queues (that is back-pressure, not an outage: the request
+        deadline, if any, bounds it)."""
         asked_at = time.monotonic()
+        give_up_at = asked_at + self.cfg.wait_for_endpoint_s
         refreshed = False
-        with anyio.fail_after(self.cfg.wait_for_endpoint_s):
-            while True:
-                now = time.monotonic()
-                candidates = [ep for ep in self._endpoints if self._eligible(ep, model, now)]
-                preferred = [ep for ep in candidates if ep.name not in exclude] or candidates
-                if preferred:
-                    ep = min(preferred, key=lambda e: (not e.up, e.load(), e.in_flight))
-                    ep.in_flight += 1
-                    return ep
-                up = [ep for ep in self._endpoints if ep.up]
-                if model is not None and up and all(
-                    ep.models is not None and model not in ep.models for ep in up
-                ):
-                    if not refreshed:  # the lists may be older than the model
-                        refreshed = True
-                        await self._refresh_models(asked_at)
-                        continue
-                    # Waiting cannot help: fail like the server would (404), at once.
-                    raise ModelNotServed(model, sorted(set().union(*(ep.models for ep in up))))
-                with anyio.move_on_after(min(1.0, self.cfg.health_interval_s)):
-                    await self._changed.wait()
+        while True:
+            now = time.monotonic()
+            candidates = [ep for ep in self._endpoints if self._eligible(ep, model, now)]
+            preferred = [ep for ep in candidates if ep.name not in exclude] or candidates
+            if preferred:
+                ep = min(preferred, key=lambda e: (not e.up, e.load(), e.in_flight))
+                ep.in_flight += 1
+                return ep
+            up = [ep for ep in self._endpoints if ep.up]
+            if model is not None and up and all(
+                ep.models is not None and model not in ep.models for ep in up
+            ):
+                if not refreshed:  # the lists may be older than the model
+                    refreshed = True
+                    await self._refresh_models(asked_at)
+                    continue
+                # Waiting cannot help: fail like the server would (404), at once.
+                raise ModelNotServed(model, sorted(set().union(*(ep.models for ep in up))))
+            if up:  # busy, not down
+                give_up_at = now + self.cfg.wait_for_endpoint_s
+            elif now >= give_up_at:
+                raise TimeoutError
+            with anyio.move_on_after(min(1.0, self.cfg.health_interval_s, give_up_at - now)):
+                await self._changed.wait()
 
     def _release(self, ep: _Endpoint) -> None:
         ep.in_flight -= 1
