@@ -440,18 +440,14 @@ class Daemon:
         return meta
 
     async def _edit_parent(self) -> StoredEnv | None:
-        """What the next edit starts from: a played variant drawn by the replay sampler's
-        priorities (ACCEL edits levels from its buffer), if its environment has knobs; else
-        an accepted environment with knobs at its easiest point (ACCEL starts from simple
-        levels), at random. None (the move falls back to write) when no stored environment
-        has knobs."""
+        """What the next edit starts from. An environment with knobs, uniformly (drawing
+        variants by the replay sampler's priorities let the family with the most variants
+        take every edit: 12 of 16 plays in a 13-minute embedded run), then, as ACCEL edits
+        the most promising levels of its buffer, its played variant with the highest
+        learnability (the most recently played among equals); an environment never played
+        starts at its easiest point (ACCEL starts from simple levels). None (the move falls
+        back to write) when no stored environment has knobs."""
         try:
-            for _ in range(4):
-                env = await self._memory_op(self.memory.sample_played, what="edit_parent")
-                if env is None:
-                    break
-                if (await self._meta(env.env_id, env.code)).params:
-                    return env
             stamp, families = self._knob_families
             if time.monotonic() - stamp > 60 or not families:
                 families = []
@@ -462,16 +458,30 @@ class Daemon:
                     except GaveUp:
                         continue
                 self._knob_families = (time.monotonic(), families)
+            if not families:
+                self.counters["edit_without_parent"] += 1
+                return None
+            env = self._rng.choice(families)
+            played = await self._memory_op(lambda: self.memory.variants(env.env_id),
+                                           what="edit_parent")
         except GaveUp as exc:
             await self.failures.give_up("edit_parent", str(exc))
             return None
-        if not families:
-            self.counters["edit_without_parent"] += 1
-            return None
-        env = self._rng.choice(families)
-        easy = easiest_point(self._metas[env.env_id].params)
-        return StoredEnv(env.env_id, env.code, env.name, params=easy,
-                         variant_id=variant_id(env.env_id, easy))
+        specs = self._metas[env.env_id].params
+        if played:
+            def promise(v: Any) -> tuple[float, float]:
+                last = v.stats.last_played.timestamp() if v.stats.last_played else 0.0
+                return (v.stats.learnability or 0.0, last)
+
+            best = max(played, key=promise)
+            try:
+                params = resolve_params(specs, best.params)
+            except ContractError:  # a variant stored before the knobs changed: start over
+                params = easiest_point(specs)
+        else:
+            params = easiest_point(specs)
+        return StoredEnv(env.env_id, env.code, env.name, params=params,
+                         variant_id=variant_id(env.env_id, params))
 
     def _vocabulary(self) -> TokenBytes:
         if self._vocab is None:

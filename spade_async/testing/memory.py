@@ -58,9 +58,11 @@ class DictMemory:
                 by[variant_id(eid, params)][2] += hinted
         out = []
         for vid, (params, u, h) in by.items():
+            solved = sum(x >= 1 for x in u) / len(u) if u else None
             stats = EnvStats(id=vid, episodes_unhinted=len(u), episodes_hinted=len(h),
                              mean_unhinted=sum(u) / len(u) if u else None,
-                             mean_hinted=sum(h) / len(h) if h else None)
+                             mean_hinted=sum(h) / len(h) if h else None,
+                             learnability=None if solved is None else solved * (1 - solved))
             out.append(VariantStats(env_id, params, stats))
         return sorted(out, key=lambda v: -v.episodes)
 
