@@ -12,6 +12,8 @@
 # (SPADE_VLLM_EXCLUSIVE=1), where the model's OpenMP threads get every core
 # (VLLM_CPU_OMP_THREADS_BIND, which the environment may set instead). One line on stderr each
 # says what was chosen and why.
+# --logprobs-mode: raw_logprobs (vLLM's default) when training samples are drawn at temperature
+# 1, else processed_logprobs, which the trainer matches (trainer.logprob_temperature).
 # --enable-lora only for a vllm-lora endpoint (SPADE_VLLM_LORA=0|1 overrides), and LoRA layers
 # only on trainer.lora_targets: on CPU each costs decode speed (torch.compile off, LoRA ops on
 # every wrapped layer in every step; see `spade bench inference`).
@@ -49,6 +51,7 @@ exec "$vllm_python" -m vllm.entrypoints.openai.api_server \
   --host "${SPADE_INFERENCE_HOST:-$cfg_host}" --port "${SPADE_INFERENCE_PORT:-$cfg_port}" \
   --max-model-len "${SPADE_MAX_MODEL_LEN:-$cfg_max_model_len}" \
   --dtype "$cfg_dtype" \
+  --logprobs-mode "$cfg_logprobs_mode" \
   "${lora[@]}" \
   --disable-log-stats \
   "$@"

@@ -9,7 +9,7 @@ from typing import Any
 import anyio
 import typer
 
-from spade_async.config import ConfigError, SpadeConfig, load_config
+from spade_async.config import ConfigError, SpadeConfig, load_config, logprobs_mode
 from spade_async.logs import configure_logging
 
 app = typer.Typer(help="SPADE-async: self-play environment design on vLLM.", no_args_is_help=True,
@@ -104,6 +104,9 @@ def show_config(
         # LoRA layers only on the modules the trainer adapts: every wrapped layer runs vLLM's
         # CPU LoRA ops in every step, adapter or not (all of them: 0.58x the decode speed).
         "cfg_lora_targets": " ".join(cfg.trainer.lora_targets),
+        # processed_logprobs where training samples are drawn at a temperature other than 1,
+        # so behaviour log-probs are the sampled distribution's (config.logprobs_mode).
+        "cfg_logprobs_mode": logprobs_mode(cfg),
     }
     device = vllm_device(vllm_python) if vllm_python is not None else "cpu"
     dtype = choose_dtype(cfg.model.dtype, device=device)
@@ -445,6 +448,86 @@ def bench_sandbox(
     typer.echo(f"step round trip:                 median {s['median']:.0f} us   p90 {s['p90']:.0f} us")
 
 
+@bench_app.command("ladder")
+def bench_ladder(
+    config: Path = ConfigOpt,
+    family: list[str] = typer.Option(None, "--family", help="seed family (repeatable; default: "
+                                     "all 18)"),
+    rung: list[str] = typer.Option(None, "--rung", help="easiest, middle or default "
+                                   "(repeatable; default: easiest and middle)"),
+    episodes: int = typer.Option(24, "--episodes", min=1, help="unhinted episodes per rung"),
+    hinted: int = typer.Option(None, "--hinted", min=0, help="hinted episodes per rung "
+                               "(default: half of --episodes)"),
+    temperature: list[float] = typer.Option(None, "--temperature", help="sampling temperature "
+                                            "(repeatable, measured side by side; default: "
+                                            "rollout.temperature)"),
+    model: str = typer.Option(None, "--model", help="served model name (default: the config's; "
+                              "policy-vN for a published LoRA version)"),
+    concurrency: int = typer.Option(16, "--concurrency", min=1),
+    as_json: bool = JsonOpt,
+) -> None:
+    """Solve rates of the served policy on seed families at knob settings (rungs), unhinted and
+    hinted, with Wilson 95% intervals: the daemon's own episode path and sandbox, against the
+    config's endpoints (start them first, e.g. scripts/inference.sh)."""
+    from spade_async.bench.ladder import default_rungs, measure_rungs
+    from spade_async.chat_tokens import ChatTokens
+    from spade_async.config import checkpoint_dir
+    from spade_async.endpoints.pool import EndpointError, EndpointPool
+    from spade_async.sandbox.isolation import SandboxUnavailable
+    from spade_async.sandbox.runtime import Sandbox
+
+    cfg = _config(config)
+    try:
+        rungs = default_rungs(family or None, labels=rung or ("easiest", "middle"))
+    except ValueError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    temps = list(temperature or [cfg.rollout.temperature])
+    if any(t < 0 for t in temps):
+        typer.echo("error: --temperature must be >= 0", err=True)
+        raise typer.Exit(2)
+    tokenizer = cfg.model.tokenizer or checkpoint_dir(cfg)
+    n_hinted = episodes // 2 if hinted is None else hinted
+    typer.echo(f"[bench] {len(rungs)} rungs x {len(temps)} temperatures, {episodes} unhinted + "
+               f"{n_hinted} hinted episodes each ...", err=True)
+
+    async def main():
+        chat = await anyio.to_thread.run_sync(ChatTokens.from_pretrained, tokenizer)
+        rows = []
+        async with EndpointPool(cfg.endpoints, cfg.pool) as pool, Sandbox(cfg.sandbox) as sb:
+            for t in temps:
+                rows += await measure_rungs(
+                    cfg, pool, chat, sb, rungs, episodes, hinted=n_hinted,
+                    concurrency=concurrency, model=model, temperature=t,
+                    progress=lambda m, t=t: typer.echo(f"[bench] T={t}: {m}", err=True))
+        return rows
+
+    try:
+        rows = anyio.run(main)
+    except EndpointError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
+    except SandboxUnavailable as exc:
+        _sandbox_error(exc)
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2))
+        return
+
+    def rate(s: dict) -> str:
+        if s["rate"] is None:
+            return f"{'-':>5}  n=0"
+        return f"{s['rate']:5.2f} [{s['ci95'][0]:.2f},{s['ci95'][1]:.2f}] n={s['n']}"
+
+    typer.echo(f"{'family':20s} {'rung':8s} {'T':>4s}  {'unhinted (95% CI)':26s} "
+               f"{'hinted (95% CI)':26s} hinted-unhinted")
+    for r in rows:
+        u, h = r["unhinted"], r["hinted"]
+        gap = (f"{h['rate'] - u['rate']:+.2f}" if u["rate"] is not None
+               and h["rate"] is not None else "-")
+        typer.echo(f"{r['family']:20s} {r['label']:8s} {r['temperature']:4.2f}  {rate(u):26s} "
+                   f"{rate(h):26s} {gap}")
+
+
 def _status_path(cfg: SpadeConfig) -> Path:
     from spade_async.config import run_dir
 
@@ -701,6 +784,35 @@ def bench_trainer(
                        f"{p['swap_s_median']:.3f} s)")
 
 
+async def _serve_published_adapter(cfg: SpadeConfig, pool: Any, version: int, model: str,
+                                   progress: Any) -> None:
+    """A published LoRA version that a vllm-lora endpoint no longer holds (it keeps the newest
+    few; a restarted server holds none) is loaded again from its weight directory, so a past
+    version can be evaluated after the run. Endpoints of other kinds are left alone."""
+    from spade_async.config import VllmLoraSwap
+    from spade_async.endpoints.pool import EndpointError, EndpointRequestError
+    from trainer.publish import version_dir, weights_root
+
+    if version == 0 or model == cfg.model.served_name:
+        return
+    await pool.check()
+    path = version_dir(weights_root(cfg), version)
+    for ep in cfg.endpoints:
+        if not isinstance(ep.weight_swap, VllmLoraSwap) or ep.name in pool.serves(model):
+            continue
+        if not (path / "adapter_config.json").is_file():
+            raise EndpointError(f"{ep.name} does not serve {model} and its adapter is not kept "
+                                f"at {path} (trainer.keep_versions keeps the newest few)")
+        progress(f"{ep.name}: loading {model} from {path}")
+        try:
+            await pool.post("/v1/load_lora_adapter", {"lora_name": model, "lora_path": str(path)},
+                            endpoint=ep.name)
+        except EndpointRequestError as exc:
+            if "already been loaded" not in exc.detail:
+                raise
+        pool.note_model(ep.name, model, served=True)
+
+
 @app.command("eval")
 def evaluate(
     config: Path = ConfigOpt,
@@ -743,6 +855,7 @@ def evaluate(
     async def main():
         chat = await anyio.to_thread.run_sync(ChatTokens.from_pretrained, tokenizer)
         async with EndpointPool(cfg.endpoints, cfg.pool) as pool:
+            await _serve_published_adapter(cfg, pool, v, model, progress)
             return await evaluate_version(cfg, pool, chat, version=v, model=model,
                                           suites=names, limit=limit, progress=progress)
 

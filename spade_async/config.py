@@ -11,7 +11,14 @@ import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from memory_db.config import MemoryConfig
 from spade_async.corpus import CorpusConfig
@@ -324,6 +331,65 @@ class SpadeConfig(_Strict):
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
 
+    # The trainer scores tokens under the distribution they were sampled from. vLLM reports the
+    # log-prob of the unscaled (temperature 1) distribution by default (raw_logprobs); a config
+    # that samples its training data at another temperature has its servers started with
+    # --logprobs-mode processed_logprobs (logprobs_mode()), and the trainer divides its logits
+    # by that temperature: `trainer.logprob_temperature` follows the sampling temperature unless
+    # it is set, and a set value that disagrees is an error, as are two roles sampled at two
+    # temperatures (one trainer, one scale) and top_p < 1 beside a temperature (the trainer
+    # cannot rebuild a nucleus cut).
+
+    @model_validator(mode="before")
+    @classmethod
+    def _derive_logprob_temperature(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        rollout, trainer = data.get("rollout", {}), data.get("trainer", {})
+        if (isinstance(rollout, dict) and isinstance(trainer, dict)
+                and "logprob_temperature" not in trainer):
+            t = rollout.get("temperature", 1.0)
+            if isinstance(t, (int, float)) and not isinstance(t, bool) and t > 0:
+                data = {**data, "trainer": {**trainer, "logprob_temperature": float(t)}}
+        return data
+
+    @model_validator(mode="after")
+    def _sampling_matches_training(self) -> SpadeConfig:
+        t = sampling_temperature(self)
+        if self.daemon.mode == "spade" and self.daemon.designer_temperature != t and (
+                self.daemon.designer_temperature > 0 and t > 0):
+            raise ValueError(
+                f"rollout.temperature ({t}) and daemon.designer_temperature "
+                f"({self.daemon.designer_temperature}) differ: both roles' samples train one "
+                "policy whose log-probs the trainer scales by one temperature; set them equal")
+        want = t if t > 0 else 1.0
+        if self.trainer.logprob_temperature != want:
+            raise ValueError(
+                f"trainer.logprob_temperature ({self.trainer.logprob_temperature}) differs from "
+                f"the sampling temperature rollout.temperature ({t}): the trainer must score "
+                f"tokens at the temperature they were sampled at; set it to {want} or leave it "
+                "out (it follows rollout.temperature)")
+        if logprobs_mode(self) == "processed_logprobs" and self.rollout.top_p != 1.0:
+            raise ValueError(
+                f"rollout.top_p ({self.rollout.top_p}) must be 1 when rollout.temperature is "
+                f"{t}: the server then reports processed log-probs, which a nucleus cut "
+                "changes in a way the trainer cannot rebuild")
+        return self
+
+
+def sampling_temperature(cfg: SpadeConfig) -> float:
+    """The temperature training samples are drawn at (the agent's; the designer's must match)."""
+    return cfg.rollout.temperature
+
+
+def logprobs_mode(cfg: SpadeConfig) -> str:
+    """vLLM's --logprobs-mode for this config's servers: raw_logprobs (vLLM's default: the
+    unscaled distribution) when training samples are drawn at temperature 1 (or greedily),
+    else processed_logprobs (after temperature and the structured-output mask), which the
+    trainer matches with logprob_temperature."""
+    t = sampling_temperature(cfg)
+    return "raw_logprobs" if t in (0.0, 1.0) else "processed_logprobs"
+
 
 ENV_PREFIX = "SPADE__"
 
@@ -404,6 +470,9 @@ def load_config(path: str | Path, environ: dict[str, str] | None = None) -> Spad
         key = _key_path(err["loc"])
         if err["type"] == "extra_forbidden":
             raise ConfigError(f"{path}: unknown key '{key}'") from None
+        if not key:  # a check across sections names its keys in the message
+            msg = err["msg"].removeprefix("Value error, ")
+            raise ConfigError(f"{path}: {msg}") from None
         raise ConfigError(f"{path}: bad value for '{key}': {err['msg']}") from None
 
 

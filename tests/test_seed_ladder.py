@@ -180,8 +180,12 @@ async def test_measure_rungs_plays_the_daemons_episodes_unhinted_and_hinted(fake
     assert arith["params"] == RUNGS["arithmetic"]["easiest"]
     assert arith["unhinted"]["n"] == 4 and arith["unhinted"]["errors"] == 0
     assert arith["examples"][0]["observation"].startswith("What is ")
-    with pytest.raises(ValueError, match="no rungs for nope"):
+    with pytest.raises(ValueError, match="no seed family nope"):
         default_rungs(["nope"])
+    with pytest.raises(ValueError, match="unknown rung label hardest"):
+        default_rungs(["arithmetic"], labels=["hardest"])
+    (default,) = default_rungs(["arithmetic"], labels=["default"])
+    assert default.params == {"digits": 2, "operations": "+-", "terms": 3}
 
 
 def test_wilson_interval():

@@ -60,11 +60,12 @@ class TrainerConfig(BaseModel):
                                "many published versions old are dropped (keep it equal to "
                                "daemon.max_staleness)")
     logprob_temperature: float = Field(
-        1.0, gt=0, description="logits are divided by this before the log-softmax. vLLM's "
-        "default logprobs_mode=raw_logprobs reports log-probs of the unscaled (temperature 1) "
-        "distribution whatever the sampling temperature, so 1.0 matches it; set the sampling "
-        "temperature here only for a server started with --logprobs-mode processed_logprobs "
-        "and top_p = 1")
+        1.0, gt=0, description="logits are divided by this before the log-softmax, to score "
+        "tokens under the distribution they were sampled from. In a SPADE config it follows "
+        "rollout.temperature unless set (a set value that differs is an error), and servers "
+        "started by scripts/inference.sh report matching log-probs: vLLM's default "
+        "raw_logprobs (temperature 1) at temperature 1, --logprobs-mode processed_logprobs "
+        "otherwise (spade_async.config.logprobs_mode)")
 
     # -- batching -------------------------------------------------------------------------------
     micro_batch_tokens: int = Field(4096, ge=16, description="padded tokens (rows x longest "

@@ -2,11 +2,12 @@
 settings (rungs), unhinted and hinted, with the daemon's own episode path (system prompt, chat
 template, token-exact turns, the rollout config's sampling) in the real sandbox.
 
-A rung is a family (a seed file's stem) and knob values. Until the sandbox passes `params` to
-`reset`, the values reach the environment as its defaults: `with_knobs` appends a few lines that
-rewrite the class attribute `params`, which works for every environment whose `reset(seed)` fills
-the knobs from `self.params` (all the seeds do). It never runs environment code outside the
-sandbox: knob specs are read from the module's source as literals (`knob_specs`).
+A rung is a family (a seed file's stem) and knob values, played as a variant is: the values go
+to `reset(seed, params)` through the sandbox. `with_knobs` (the same values written into the
+module as its defaults) is kept for checks that the two paths play the same task. It never runs
+environment code outside the sandbox: knob specs are read from the module's source as literals
+(`knob_specs`). Rung labels: `easiest` (every knob at its declared easy end), `middle` (a point
+in between, from RUNGS), `default` (the module's defaults).
 """
 
 from __future__ import annotations
@@ -96,14 +97,38 @@ class Rung:
         return self.code if self.code is not None else (SEEDS_DIR / f"{self.family}.py").read_text()
 
 
+def rung_params(family: str, label: str) -> dict[str, Any]:
+    """The knob values of a rung: `default` is the module's defaults, `easiest` and `middle`
+    come from RUNGS (a family missing there gets its declared easy ends for `easiest`)."""
+    if label == "default":
+        return {k: s["default"] for k, s in knob_specs((SEEDS_DIR / f"{family}.py").read_text())
+                .items()}
+    if label in RUNGS.get(family, {}):
+        return dict(RUNGS[family][label])
+    if label == "easiest":
+        from spade_async.envs.contract import easiest_point
+        from spade_async.envs.validate import declared_params
+
+        return easiest_point(declared_params((SEEDS_DIR / f"{family}.py").read_text()))
+    raise ValueError(f"no rung {label!r} for {family} (labels: easiest, middle, default)")
+
+
+def seed_family_names() -> list[str]:
+    return sorted(p.stem for p in SEEDS_DIR.glob("*.py") if p.name != "__init__.py")
+
+
 def default_rungs(families: Sequence[str] | None = None,
                   labels: Sequence[str] = ("easiest", "middle")) -> list[Rung]:
-    names = list(families) if families else list(RUNGS)
-    unknown = [n for n in names if n not in RUNGS]
+    known = seed_family_names()
+    names = list(families) if families else known
+    unknown = [n for n in names if n not in known]
     if unknown:
-        raise ValueError(f"no rungs for {', '.join(unknown)} (known: {', '.join(RUNGS)})")
-    return [Rung(n, RUNGS[n][label], label) for n in names for label in labels
-            if label in RUNGS[n]]
+        raise ValueError(f"no seed family {', '.join(unknown)} (known: {', '.join(known)})")
+    bad = [label for label in labels if label not in ("easiest", "middle", "default")]
+    if bad:
+        raise ValueError(f"unknown rung label {', '.join(bad)}: easiest, middle or default")
+    return [Rung(n, rung_params(n, label), label) for n in names for label in labels
+            if label != "middle" or label in RUNGS.get(n, {})]
 
 
 # ---- knobs, read from source and set as defaults ------------------------------------------
@@ -190,16 +215,20 @@ def _summary(episodes: list[Episode]) -> dict[str, Any]:
 async def measure_rungs(cfg: Any, pool: EndpointPool, chat: ChatTokens, sandbox: Sandbox,
                         rungs: Sequence[Rung], episodes: int = 24, *, hinted: int | None = None,
                         concurrency: int = 16, model: str | None = None,
+                        temperature: float | None = None,
                         progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
     """Play `episodes` unhinted and `hinted` (default episodes // 2) hinted episodes of every
     rung; per rung the solve rates with n and a Wilson 95% interval. `cfg` is the SpadeConfig
     (its rollout settings and served model name). Episode seeds are EPISODE_SEED_BASE + i, so the
     hinted episodes replay the first unhinted tasks. An episode that failed on the endpoint or
-    in the sandbox is no score: it is left out of n and counted under errors."""
+    in the sandbox is no score: it is left out of n and counted under errors. `temperature`
+    overrides the rollout config's sampling temperature (to compare settings side by side)."""
     hinted = episodes // 2 if hinted is None else hinted
     model = model or cfg.model.served_name
+    rollout = (cfg.rollout if temperature is None
+               else cfg.rollout.model_copy(update={"temperature": temperature}))
     limiter = anyio.CapacityLimiter(concurrency)
-    codes = [with_knobs(r.source(), r.params) for r in rungs]
+    codes = [r.source() for r in rungs]
     played: list[dict[bool, list[Episode]]] = [{False: [], True: []} for _ in rungs]
     started = [0.0] * len(rungs)
     finished = [0.0] * len(rungs)
@@ -211,7 +240,7 @@ async def measure_rungs(cfg: Any, pool: EndpointPool, chat: ChatTokens, sandbox:
                 ep = await play_in_sandbox(sandbox, codes[i], pool, chat,
                                            env_id=f"ladder:{rungs[i].family}", seed=seed,
                                            hinted=with_hint, model=model, policy_version=0,
-                                           cfg=cfg.rollout)
+                                           cfg=rollout, params=dict(rungs[i].params) or None)
             except (SandboxError, EndpointError) as exc:
                 ep = Episode("failed", rungs[i].family, seed, with_hint, 0, model,
                              error=f"{type(exc).__name__}: {exc}")
@@ -236,6 +265,7 @@ async def measure_rungs(cfg: Any, pool: EndpointPool, chat: ChatTokens, sandbox:
         sample = sorted(eps[False], key=lambda e: e.seed)[:3]
         out.append({
             "family": rung.family, "label": rung.label, "params": dict(rung.params),
+            "temperature": rollout.temperature,
             "unhinted": _summary(eps[False]), "hinted": _summary(eps[True]),
             "seconds": round(finished[i] - started[i], 1),
             "examples": [{"seed": e.seed, "observation": e.first_observation[:300],
