@@ -135,3 +135,40 @@ max_tokens = 96
     assert res.exit_code == 2 and "not published" in res.output
     res = runner.invoke(app, ["eval", "--config", str(cfg), "--suite", "mmlu"])
     assert res.exit_code == 2 and "unknown suite" in res.output
+
+
+def test_eval_loads_a_published_adapter_the_server_no_longer_holds(tmp_path):
+    """`spade eval --version N` after a server restart: the adapter of a kept version is loaded
+    again from its weight directory; one that was pruned is a clear error, not a 404 per task."""
+    import anyio
+
+    from spade_async.cli import _serve_published_adapter
+    from spade_async.endpoints.pool import EndpointError, EndpointPool
+    from spade_async.testing.fake_openai import FakeOpenAIServer
+
+    server = FakeOpenAIServer()
+    server.start()
+    try:
+        f = tmp_path / "c.toml"
+        f.write_text(f'[paths]\ndata_dir = "{tmp_path}"\n[[endpoints]]\nname = "a"\n'
+                     f'base_url = "{server.base_url}"\n')
+        cfg = load_config(f, environ={})
+        kept = tmp_path / "weights" / "v3"
+        kept.mkdir(parents=True)
+        (kept / "adapter_config.json").write_text("{}")
+        notes: list[str] = []
+
+        async def main(version: int) -> None:
+            async with EndpointPool(cfg.endpoints, cfg.pool) as pool:
+                await _serve_published_adapter(cfg, pool, version, f"policy-v{version}",
+                                               notes.append)
+                assert pool.serves(f"policy-v{version}") == ["a"]
+
+        anyio.run(main, 3)
+        assert server.state.adapters["policy-v3"] == str(kept)
+        anyio.run(main, 3)  # already held: nothing to do
+        assert len(notes) == 1 and "loading policy-v3" in notes[0]
+        with pytest.raises(EndpointError, match="not kept at"):
+            anyio.run(main, 2)
+    finally:
+        server.stop()
