@@ -126,7 +126,7 @@ class Worker:
     def _stderr_tail(self) -> str:
         try:
             data = os.read(self.proc.stderr.fileno(), 4096)
-        except OSError:
+        except (OSError, ValueError):  # ValueError: the pipe was closed (the worker was reaped)
             data = b""
         return data.decode(errors="replace").strip()[-600:]
 
