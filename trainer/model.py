@@ -2,8 +2,8 @@
 conversions of its state dict into what the inference servers load.
 
 `PolicyModel.forward` returns log pi(token_t | tokens_<t) for the marked tokens, taken from the
-logits at position t - 1 and divided by `temperature` before the log-softmax (1.0 matches vLLM's
-default raw log-probs). Only the marked positions go through the LM head, so long prompts cost
+logits at position t - 1 and divided by `temperature` before the log-softmax (the sampling temperature, which a server in
+processed_logprobs mode reports at; 1.0 matches vLLM's default raw log-probs). Only the marked positions go through the LM head, so long prompts cost
 no vocabulary-sized logits. Nothing here knows DDP, FSDP or torchrun.
 """
 
