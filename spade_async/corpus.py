@@ -25,7 +25,7 @@ import tempfile
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -58,6 +58,9 @@ class Chunk:
     chunk_id: str  # f"{doc_id}#{i}", i counting the chunks kept from that document
     text: str
     title: str
+    # where a sampler handed it out: its place in the sampler's stream over all epochs (-1: not
+    # from a sampler); `CorpusSampler.commit(chunk)` marks exactly this one as used
+    seq: int = field(default=-1, compare=False)
 
 
 class CorpusSource(ABC):
@@ -671,6 +674,11 @@ class CorpusSampler(Iterator[Chunk]):
     every `next()` when `autocommit` (a chunk counts as used once handed out), or on `commit()`
     (a chunk counts as used once the caller says so). A restart regenerates the same stream and
     skips what was consumed. Not for concurrent use by two processes on one state file.
+
+    `commit(chunk)` marks one chunk as used, whatever else is still out: the state keeps the
+    point up to which every chunk is used plus the used ones after it (`done_ahead`), so after
+    a crash exactly the chunks handed out and never committed come again, in stream order, and
+    the ones finished out of order do not. `commit()` with no chunk marks everything handed out.
     """
 
     def __init__(
@@ -699,6 +707,14 @@ class CorpusSampler(Iterator[Chunk]):
         self._epoch = 0
         self._position = 0  # chunks consumed in the current epoch
         self._consumed = 0  # over all epochs
+        # the committed point: every chunk before stream index `_committed` is used; it sits at
+        # `_committed_position` in epoch `_committed_epoch`. `_done_ahead`: used ones after it.
+        # `_epoch_starts`: the stream index where each epoch since the committed one began.
+        self._committed = 0
+        self._committed_epoch = 0
+        self._committed_position = 0
+        self._done_ahead: set[int] = set()
+        self._epoch_starts: dict[int, int] = {}
         self._load_state()
 
     @classmethod
@@ -747,7 +763,8 @@ class CorpusSampler(Iterator[Chunk]):
             ours = self._identity()
             theirs = {key: state[key] for key in ours}
             epoch, position, consumed = state["epoch"], state["position"], state["consumed"]
-        except (json.JSONDecodeError, KeyError, TypeError) as exc:
+            done_ahead = {int(i) for i in state.get("done_ahead", [])}
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
             raise CorpusStateError(f"{self.state_path}: unreadable sampler state: {exc!r}") from None
         if theirs != ours:
             raise CorpusStateError(
@@ -759,19 +776,56 @@ class CorpusSampler(Iterator[Chunk]):
                 f"{ours['shuffle_buffer']}); remove the file to start over"
             )
         self._epoch, self._position, self._consumed = int(epoch), int(position), int(consumed)
+        self._committed, self._committed_epoch = self._consumed, self._epoch
+        self._committed_position = self._position
+        self._done_ahead = {i for i in done_ahead if i >= self._consumed}
+        self._epoch_starts = {self._epoch: self._consumed - self._position}
 
-    def commit(self) -> None:
-        """Persist the cursor: every chunk returned so far counts as used."""
+    def commit(self, chunk: Chunk | None = None) -> None:
+        """Persist that `chunk` (one this sampler handed out) is used; with None, every chunk
+        handed out so far."""
         with self._lock:
-            self._commit_locked()
+            if chunk is None:
+                self._done_ahead.clear()
+                self._committed, self._committed_epoch = self._consumed, self._epoch
+                self._committed_position = self._position
+                self._epoch_starts = {self._epoch: self._consumed - self._position}
+            else:
+                if not 0 <= chunk.seq < self._consumed:
+                    raise ValueError(f"chunk {chunk.chunk_id} (stream index {chunk.seq}) was "
+                                     "not handed out by this sampler")
+                if chunk.seq >= self._committed:
+                    self._done_ahead.add(chunk.seq)
+                    self._advance_committed()
+            self._write_state()
+
+    def _advance_committed(self) -> None:
+        while self._committed in self._done_ahead:
+            self._done_ahead.discard(self._committed)
+            self._committed += 1
+            self._committed_position += 1
+            following = self._epoch_starts.get(self._committed_epoch + 1)
+            if following is not None and self._committed >= following:
+                # the committed point entered the next epoch
+                self._epoch_starts.pop(self._committed_epoch, None)
+                self._committed_epoch += 1
+                self._committed_position = self._committed - following
 
     def _commit_locked(self) -> None:
+        """autocommit: everything handed out is used."""
+        self._committed, self._committed_epoch = self._consumed, self._epoch
+        self._committed_position = self._position
+        self._epoch_starts = {self._epoch: self._consumed - self._position}
+        self._write_state()
+
+    def _write_state(self) -> None:
         state = {
             "version": _STATE_VERSION,
             **self._identity(),
-            "epoch": self._epoch,
-            "position": self._position,
-            "consumed": self._consumed,
+            "epoch": self._committed_epoch,
+            "position": self._committed_position,
+            "consumed": self._committed,
+            "done_ahead": sorted(self._done_ahead),
         }
         self.state_path.parent.mkdir(parents=True, exist_ok=True)
         _atomic_write_json(self.state_path, state)
@@ -803,29 +857,36 @@ class CorpusSampler(Iterator[Chunk]):
             if self._stream is None:
                 if self._position:
                     log.info("corpus sampler resumes", source=self.source.name,
-                             epoch=self._epoch, position=self._position)
+                             epoch=self._epoch, position=self._position,
+                             done_ahead=len(self._done_ahead))
                 self._stream = self._open_epoch(self._position)
-            chunk = next(self._stream, None)
-            if chunk is None:
-                if self._position == 0:
-                    raise CorpusError(
-                        f"source {self.source.name!r} yields no chunk of at least "
-                        f"{self.min_chars} characters"
-                    )
-                log.info("corpus epoch done", source=self.source.name, epoch=self._epoch,
-                         chunks=self._position)
-                self._close_stream()
-                self._epoch += 1
-                self._position = 0
-                self._stream = self._open_epoch(0)
+            while True:
                 chunk = next(self._stream, None)
                 if chunk is None:
-                    raise CorpusError(f"source {self.source.name!r} became empty")
-            self._position += 1
-            self._consumed += 1
+                    if self._position == 0:
+                        raise CorpusError(
+                            f"source {self.source.name!r} yields no chunk of at least "
+                            f"{self.min_chars} characters"
+                        )
+                    log.info("corpus epoch done", source=self.source.name, epoch=self._epoch,
+                             chunks=self._position)
+                    self._close_stream()
+                    self._epoch += 1
+                    self._position = 0
+                    self._epoch_starts[self._epoch] = self._consumed
+                    self._stream = self._open_epoch(0)
+                    chunk = next(self._stream, None)
+                    if chunk is None:
+                        raise CorpusError(f"source {self.source.name!r} became empty")
+                seq = self._consumed
+                self._position += 1
+                self._consumed += 1
+                if seq not in self._done_ahead:
+                    break
+                # used before a restart (finished while an earlier one was still out): skipped
             if self.autocommit:
                 self._commit_locked()
-            return chunk
+            return replace(chunk, seq=seq)
 
     def _close_stream(self) -> None:
         stream, self._stream = self._stream, None

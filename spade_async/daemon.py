@@ -9,8 +9,9 @@
                                       ▼                   ▼
                              one batch per document ─► spool (atomic, sequenced)
 
-An "iteration" is one document taken through every stage and written to the spool. The corpus
-cursor is committed only after that write, so a crash re-designs at most the documents in flight;
+An "iteration" is one document taken through every stage and written to the spool. That document
+alone is committed as used after the write (not the others still in flight), so a crash
+re-designs exactly the documents that were in flight;
 environments already stored stay stored, and a batch is on disk whole or not at all.
 The components (designer, episode runner, regret math, spool, memory) know nothing of this loop.
 """
@@ -600,6 +601,7 @@ class Daemon:
 
     async def _document(self, chunk: Chunk, send_env, limiter: anyio.Semaphore) -> None:
         group = DocGroup(chunk, label=chunk.chunk_id)
+        log.info("document_start", chunk=chunk.chunk_id, seq=chunk.seq)
         try:
             async with send_env:
                 examples = await self._examples(chunk)
@@ -947,7 +949,7 @@ class Daemon:
         if samples:
             await self._write_batch(samples)
         if group.chunk is not None:
-            await anyio.to_thread.run_sync(self.corpus.commit)
+            await anyio.to_thread.run_sync(self.corpus.commit, group.chunk)
         self.iterations += 1
         log.info("iteration", n=self.iterations, chunk=group.label, move=group.move,
                  designs=len(group.designs), samples=len(samples))

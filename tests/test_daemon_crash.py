@@ -1,6 +1,7 @@
 """`spade run` as a real process with the real LanceDB memory, the real sandbox and a scripted
 endpoint in its own process: kill -9 mid-run, restart, and the memory and the spool agree (no
-torn or duplicated batch, no accepted environment lost, the corpus cursor moves on)."""
+torn or duplicated batch, no accepted environment lost, exactly the documents in flight at the
+kill designed again)."""
 
 from __future__ import annotations
 
@@ -55,7 +56,7 @@ max_tokens_per_turn = 16
 
 [daemon]
 designs_per_document = 2
-documents_in_flight = 2
+documents_in_flight = 4
 examples_k = 1
 replay_probability = 0.3
 status_interval_s = 0.2
@@ -71,6 +72,27 @@ id_field = "id"
 embedding_model = "hash-384"
 """)
     return cfg
+
+
+def _started(log: Path) -> list[tuple[int, str]]:
+    """From a daemon's log: the corpus chunks it started designing (stream index, chunk id)."""
+    out = []
+    for line in log.read_text(errors="replace").splitlines():
+        try:
+            ev = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(ev, dict) and ev.get("event") == "document_start":
+            out.append((ev["seq"], ev["chunk"]))
+    return out
+
+
+def _used(state_path: Path) -> tuple[int, set[int]]:
+    """What the corpus state says is used: every chunk before `consumed`, and `done_ahead`."""
+    if not state_path.exists():  # killed before its first commit
+        return 0, set()
+    state = json.loads(state_path.read_text())
+    return state["consumed"], set(state["done_ahead"])
 
 
 def _batch_seqs(spool_dir: Path) -> list[int]:
@@ -116,10 +138,15 @@ def test_kill_9_mid_run_then_restart_is_consistent(scripted_endpoint, checkpoint
     ids_before = anyio.run(_memory_ids, tmp_path)
     assert before == list(range(1, len(before) + 1))
     assert "accepted" in ids_before.values() and "rejected" in ids_before.values()
-    cursor_before = json.loads((tmp_path / "data" / "corpus-state.json").read_text())["consumed"]
 
-    res = subprocess.run([*SPADE, "run", "-c", str(cfg), "--max-iterations", "2"], cwd=REPO,
-                         env=env, capture_output=True, timeout=300)
+    state_path = tmp_path / "data" / "corpus-state.json"
+    upto, ahead = _used(state_path)
+    started1 = _started(tmp_path / "run1.log")
+    unfinished = sorted(c for c in started1 if c[0] >= upto and c[0] not in ahead)
+    finished = {c for c in started1 if c[0] < upto or c[0] in ahead}
+    res = subprocess.run([*SPADE, "run", "-c", str(cfg), "--max-iterations", str(len(unfinished) + 2)],
+                         cwd=REPO, env=env, capture_output=True, timeout=300)
+    (tmp_path / "run2.log").write_bytes(res.stderr)
     assert res.returncode == 0, res.stderr.decode()[-3000:]
     after = _batch_seqs(spool_dir)
     assert after == list(range(1, len(after) + 1)) and len(after) > len(before)
@@ -134,7 +161,12 @@ def test_kill_9_mid_run_then_restart_is_consistent(scripted_endpoint, checkpoint
         seen |= set(ids)
     ids_after = anyio.run(_memory_ids, tmp_path)
     assert {i for i, s in ids_before.items() if s == "accepted"} <= set(ids_after)
-    cursor_after = json.loads((tmp_path / "data" / "corpus-state.json").read_text())["consumed"]
-    assert cursor_after == cursor_before + 2
+    # No document lost, none designed twice: the restart designs exactly the documents that
+    # were in flight at the kill (in stream order), then goes on past those already finished.
+    started2 = _started(tmp_path / "run2.log")
+    assert unfinished and started2[:len(unfinished)] == unfinished, (unfinished, started2)
+    assert not set(started2) & finished
+    upto2, ahead2 = _used(state_path)
+    assert {seq for seq, _ in started2} <= set(range(upto2)) | ahead2  # all finished now
     status = json.loads((tmp_path / "data" / "run" / "status.json").read_text())
-    assert status["iterations"] == 2
+    assert status["iterations"] == len(started2) == len(unfinished) + 2
