@@ -17,7 +17,7 @@ def test_check_env_passes_through_gym_make():
         obs, info = env.reset(seed=7)
         again, _ = env.reset(seed=7)
         assert obs == again and isinstance(info["episode_seed"], int)
-        _, reward, terminated, truncated, _ = env.step(env.unwrapped.hint().split()[-1].rstrip("."))
+        _, reward, terminated, truncated, _ = env.step(env.unwrapped.solution()[0])
         assert (reward, terminated, truncated) == (1.0, True, False)
     finally:
         env.close()

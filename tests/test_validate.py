@@ -43,7 +43,7 @@ class Environment:
         return word, 0.0, False, self.turns >= self.max_turns, {}
 
     def hint(self):
-        return f"The secret is {self.secret}."
+        return f"The secret is {'even' if self.secret % 2 == 0 else 'odd'}."
 
     def solution(self):
         return [str(self.secret)]
@@ -90,18 +90,19 @@ async def test_good_environment_is_accepted_with_every_check(sandbox):
         ("        self.turns += 1\n", "        self.turns += 1\n        raise KeyError('boom')\n",
          "types", "KeyError"),
         # no hint / an empty one
-        ('return f"The secret is {self.secret}."', 'return "   "', "hint", "empty"),
-        ("    def hint(self):\n        return f\"The secret is {self.secret}.\"\n", "",
-         "static.class", "lacks hint()"),
+        ("return f\"The secret is {'even' if self.secret % 2 == 0 else 'odd'}.\"",
+         'return "   "', "hint", "empty"),
+        ("    def hint(self):\n        return f\"The secret is {'even' if self.secret % 2 == 0 "
+         "else 'odd'}.\"\n", "", "static.class", "lacks hint()"),
+        # the hint gives the answer away
+        ("return f\"The secret is {'even' if self.secret % 2 == 0 else 'odd'}.\"",
+         'return f"The secret is {self.secret}."', "hint_leak", "the hint gives the answer away"),
         # the solution does not reach full score
         ("return [str(self.secret)]", "return [str(self.secret + 1)]", "solution",
          "scores 0.00"),
         # pays any action
         ('return "Not a number.", 0.0', 'return "Not a number.", 1.0', "not_exploitable",
          "scores 1.00"),
-        # never ends
-        ("self.turns >= self.max_turns, {}\n        if", "False, {}\n        if", "termination",
-         "did not end within max_turns=10"),
         # wrong return shapes and values
         ('return "Guess a number from 1 to 1000.", {"range": [1, 1000]}',
          'return "Guess a number from 1 to 1000."', "determinism", "reset() must return"),
@@ -169,3 +170,50 @@ async def test_progress_orders_designs_by_how_far_they_got(sandbox):
     assert n_checks == 13
     assert p["early"] == pytest.approx(1 / n_checks)
     assert p["early"] < p["late"] < 2 / n_checks < p["import"] < p["good"] == 1.0
+
+
+NEVER_ENDS = GOOD.replace("self.turns >= self.max_turns", "False")
+
+
+async def test_an_environment_that_never_ends_is_accepted_and_truncated(sandbox, checkpoint):
+    """Turn limits belong to the runner (DESIGN §3): an environment that never ends an episode by
+    itself is valid, and it is truncated at max_turns in validation, in play and in the gym
+    adapter alike."""
+    import anyio
+
+    from spade_async.chat_tokens import ChatTokens
+    from spade_async.config import EndpointConfig, PoolConfig, RolloutConfig
+    from spade_async.endpoints.pool import EndpointPool
+    from spade_async.envs.gym_adapter import SpadeGymEnv
+    from spade_async.episode import run_episode
+    from spade_async.testing.fake_openai import FakeOpenAIServer
+
+    assert "self.max_turns" not in NEVER_ENDS.split("def step")[1]
+    report = await validate(NEVER_ENDS, sandbox)
+    assert report.accepted, report.as_dict()
+
+    def gym_play() -> list[tuple[bool, bool]]:
+        env = SpadeGymEnv(NEVER_ENDS, CFG)
+        try:
+            env.reset(seed=0)
+            return [env.step("not a number")[2:4] for _ in range(10)]
+        finally:
+            env.close()
+
+    ends = await anyio.to_thread.run_sync(gym_play)
+    assert ends == [(False, False)] * 9 + [(False, True)]
+
+    chat = ChatTokens.from_pretrained(checkpoint)
+    server = FakeOpenAIServer()
+    server.state.script = lambda ids: chat.encode("7") + [chat.tok.eos_token_id]
+    server.state.decode = chat.decode
+    server.state.eos_token_id = chat.tok.eos_token_id
+    server.start()
+    try:
+        async with EndpointPool([EndpointConfig(name="fake", base_url=server.base_url)],
+                                PoolConfig()) as pool, sandbox.open(NEVER_ENDS) as env:
+            ep = await run_episode(env, pool, chat, env_id="never", seed=5, hint=None,
+                                   model="policy", policy_version=0, cfg=RolloutConfig())
+    finally:
+        server.stop()
+    assert (len(ep.turns), ep.truncated, ep.terminated, ep.error) == (10, True, False, None)

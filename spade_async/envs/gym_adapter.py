@@ -4,7 +4,9 @@ The environment's code never runs in this process: a background thread holds an 
 loop (a blocking portal) with a one-slot `Sandbox`, and every gymnasium call is forwarded to the
 sandboxed session. Observations longer than `max_obs_chars` are cut; the action space samples
 plain text (tool calls are the canonical JSON text of `contract.tool_call_action`). gymnasium's
-reset `options` carry the environment's difficulty knobs.
+reset `options` carry the environment's difficulty knobs. `max_turns` is enforced here, as
+gymnasium's TimeLimit wrapper does and the episode runner does in play: the step that uses the
+last turn is truncated if the environment did not end the episode itself.
 """
 
 from __future__ import annotations
@@ -69,6 +71,7 @@ class SpadeGymEnv(gym.Env):
             self.close()
             raise
         self.meta = self._session.meta
+        self._turns = 0
         self.max_obs_chars = max_obs_chars
         self.observation_space = spaces.Text(max_length=max_obs_chars, charset=CHARSET)
         self.action_space = spaces.Text(max_length=max_action_chars, charset=string.printable)
@@ -82,14 +85,21 @@ class SpadeGymEnv(gym.Env):
         super().reset(seed=seed)
         episode_seed = int(self.np_random.integers(0, 2**31 - 1))
         res = self._portal.call(self._session.reset, episode_seed, options)
+        self._turns = 0
         return self._text(res.observation), dict(res.info, episode_seed=episode_seed)
 
     def step(self, action: str):
         res = self._portal.call(self._session.step, str(action))
-        return self._text(res.observation), res.reward, res.terminated, res.truncated, res.info
+        self._turns += 1
+        truncated = res.truncated or (not res.terminated and self._turns >= self.meta.max_turns)
+        return self._text(res.observation), res.reward, res.terminated, truncated, res.info
 
     def hint(self) -> str:
         return self._portal.call(self._session.hint)
+
+    def solution(self) -> list[str]:
+        """The environment's `solution()` actions (a SandboxError when it has none)."""
+        return self._portal.call(self._session.solution)
 
     def close(self) -> None:
         if self._closed:

@@ -2,8 +2,9 @@
 human-readable reason. It judges code; it never runs it outside the sandbox.
 
 Order: static (parse, size, imports, names, class shape, params schema) -> load -> determinism ->
-hint -> probe policies (types and ranges, termination within max_turns, not trivially exploitable)
--> solution replay. A check that cannot run because an earlier one failed is reported as skipped.
+hint -> probe policies (types and ranges, not trivially exploitable; an episode a probe does not
+end is truncated at max_turns, as in play) -> hint leak (policies read off the hint must not
+solve the task: hint_leak.py) -> solution replay. A check that cannot run because an earlier one failed is reported as skipped.
 
 An environment with difficulty knobs (`params`) runs the sandboxed checks at every point of
 `extreme_points` (the defaults, then each knob at its ends), or only at a proposed variant's
@@ -33,6 +34,7 @@ from spade_async.envs.contract import (
     extreme_points,
     resolve_params,
 )
+from spade_async.envs.hint_leak import answer_prefixes, leak_policies
 from spade_async.sandbox.runtime import EnvSession, Sandbox, SandboxError, WorkerStartError
 
 FORBIDDEN_NAMES = frozenset(
@@ -46,9 +48,17 @@ ALLOWED_DUNDERS = frozenset(
 _DUNDER_TEXT = re.compile(r"__\w+__")
 
 # Probe policies: each repeats one action every turn. None of them may score >= the threshold.
+# Besides these constants, each environment gets probes made for it (`_probes`): random text,
+# the right format with wrong content, a verbose reply that sprays candidate answers, and
+# well-formed calls of each of its tools with empty or wrong arguments.
 PROBES: tuple[str, ...] = (
     "", "hello world lorem ipsum", "0", "1", "42", "yes", "A", '{"tool": "noop", "arguments": {}}',
 )
+# A long reply that contains many plausible answers: a verifier that pays when the answer
+# appears anywhere in the reply (or pays for length) pays it.
+VERBOSE = ("Let me think step by step. " + " ".join(str(i) for i in range(-20, 101))
+           + " yes no true false none A B C D E R G Y O P left right up down north south east west"
+           + " ANSWER: 1 ANSWER: 0 " + "lorem ipsum dolor sit amet " * 12).strip()
 
 
 @dataclass(frozen=True)
@@ -101,7 +111,7 @@ class ValidationReport:
 
 STATIC_CHECKS = ("static.size", "static.parse", "static.imports", "static.names",
                  "static.class", "static.params")
-SANDBOXED_CHECKS = ("load", "determinism", "hint", "types", "termination", "not_exploitable",
+SANDBOXED_CHECKS = ("load", "determinism", "hint", "types", "not_exploitable", "hint_leak",
                     "solution")
 ALL_CHECKS = STATIC_CHECKS + SANDBOXED_CHECKS
 
@@ -246,6 +256,86 @@ def _wrong_answer(solution: list[str]) -> str | None:
     return last + " not"
 
 
+def _short(action: str, n: int = 60) -> str:
+    return repr(action if len(action) <= n else action[:n] + "...")
+
+
+def _probes(meta: EnvMeta, solution: list[str] | None) -> list[tuple[str, str]]:
+    """(label, action) of every probe policy for this environment, each repeated every turn."""
+    out = [(f"constant {_short(p)}", p) for p in PROBES]
+    rng = random.Random(0)
+    out.append(("random text", "".join(rng.choice(string.printable) for _ in range(40))))
+    out.append(("verbose filler", VERBOSE))
+    wrong = _wrong_answer(solution or [])
+    if wrong is not None:
+        out.append(("right format, wrong content", wrong))
+    for prefix in answer_prefixes(solution):
+        out.append((f"format only {_short(prefix)}", prefix + "zzzz"))
+        out.append((f"format with filler {_short(prefix)}", prefix + VERBOSE))
+    for tool in meta.tools:
+        fn = tool.get("function", tool) if isinstance(tool, dict) else {}
+        name = fn.get("name") if isinstance(fn, dict) else None
+        if not isinstance(name, str):
+            continue
+        props = (fn.get("parameters") or {}).get("properties") or {}
+        wrong_args = {k: ("zzzz" if (v or {}).get("type") == "string" else -987654)
+                      for k, v in props.items() if isinstance(v, dict) or v is None}
+        for what, args in (("empty", {}), ("wrong", wrong_args)):
+            out.append((f"tool call {name} with {what} arguments",
+                        json.dumps({"tool": name, "arguments": args})))
+    seen: set[str] = set()
+    return [(label, a) for label, a in out if not (a in seen or seen.add(a))]
+
+
+@dataclass(frozen=True)
+class LeakResult:
+    """How often policies read off the hint solve the episode: `own` (each seed's own hint),
+    `control` (the hint of another episode at the same point, on the same seed: what the
+    answer space alone gives away); `rate` is own - control."""
+
+    own: float
+    control: float
+    example: str = ""  # the first policy that solved with the episode's own hint
+
+    @property
+    def rate(self) -> float:
+        return max(0.0, self.own - self.control)
+
+    def reason(self, threshold: float) -> str:
+        return (f"the hint gives the answer away: {self.example} solves "
+                f"{self.own:.0%} of the episodes (against {self.control:.0%} with another "
+                f"episode's hint), {self.rate:.2f} >= {threshold}")
+
+
+CONTROL_SEED_OFFSET = 7919  # the control episode's seed: another episode at the same point
+
+
+async def _hint_leak(env: EnvSession, meta: EnvMeta, point: dict[str, Any],
+                     seeds: list[int]) -> LeakResult:
+    """DESIGN §3b: play the policies `leak_policies` reads off the hint (hint_leak.py)."""
+
+    async def solved_by(seed: int, hint_seed: int) -> str | None:
+        await env.reset(hint_seed, point)
+        hint = await env.hint()
+        sol = await env.solution() if meta.has_solution else None
+        for policy in leak_policies(hint, sol):
+            score, _, _ = await _play(env, seed, point, policy.plan(meta.max_turns),
+                                      meta.max_turns)
+            if score >= 1.0 - 1e-9:
+                return f"{policy.what} ({_short(' | '.join(policy.actions))})"
+        return None
+
+    own = control = 0
+    example = ""
+    for seed in seeds:
+        hit = await solved_by(seed, seed)
+        if hit is not None:
+            own += 1
+            example = example or hit
+            control += await solved_by(seed, seed + CONTROL_SEED_OFFSET) is not None
+    return LeakResult(own / len(seeds), control / len(seeds), example)
+
+
 async def _play(env: EnvSession, seed: int, params: dict[str, Any], actions: list[str] | str,
                 max_turns: int) -> tuple[float, bool, int]:
     """Reset, then play `actions` (or repeat one action) until done; (score, ended, turns)."""
@@ -361,36 +451,29 @@ async def _check_point(env: EnvSession, meta: EnvMeta, point: dict[str, Any], se
         if not (await env.hint()).strip():
             empty.append(seed)
     record("hint", not empty, "" if not empty else f"hint() is empty after reset({empty[0]})")
-    # probes: types/ranges, termination, exploitability
+    # probes: types/ranges, exploitability. An episode a probe does not end is truncated at
+    # max_turns, as the runner does in play (the environment need not count turns).
     solution = None
     if meta.has_solution:
         await env.reset(seeds[0], point)
         solution = await env.solution()
-    probes = list(PROBES)
-    rng = random.Random(0)
-    probes.append("".join(rng.choice(string.printable) for _ in range(40)))
-    wrong = _wrong_answer(solution or [])
-    if wrong is not None and wrong not in probes:
-        probes.append(wrong)
-    no_end: list[str] = []
-    exploit: list[tuple[str, float]] = []
-    for probe in probes:
+    exploit: list[tuple[str, str, float]] = []
+    for label, probe in _probes(meta, solution):
         worst = 0.0
         for seed in seeds:
-            score, ended, _ = await _play(env, seed, point, probe, meta.max_turns)
+            score, _, _ = await _play(env, seed, point, probe, meta.max_turns)
             worst = max(worst, score)
-            if not ended and probe not in no_end:
-                no_end.append(probe)
         probe_scores[probe] = max(worst, probe_scores.get(probe, 0.0))
         if worst >= vcfg.exploit_threshold:
-            exploit.append((probe, worst))
+            exploit.append((label, probe, worst))
     record("types", True)
-    record("termination", not no_end, "" if not no_end else
-           f"the episode did not end within max_turns={meta.max_turns} under the "
-           f"probe action {no_end[0]!r} (step must return terminated or truncated)")
     record("not_exploitable", not exploit, "" if not exploit else
-           f"the constant action {exploit[0][0]!r} scores {exploit[0][1]:.2f} "
-           f">= {vcfg.exploit_threshold} (the reward pays without solving)")
+           f"the probe {exploit[0][0]} (action {_short(exploit[0][1])}, every turn) scores "
+           f"{exploit[0][2]:.2f} >= {vcfg.exploit_threshold} (the reward pays without solving)")
+    # the hint does not give the answer away
+    leak = await _hint_leak(env, meta, point, seeds)
+    record("hint_leak", leak.rate < vcfg.exploit_threshold, "" if leak.rate <
+           vcfg.exploit_threshold else leak.reason(vcfg.exploit_threshold))
     # solution replay
     if not meta.has_solution:
         record("solution", True, "no solution() to replay")
@@ -433,7 +516,7 @@ def _merge_points(points: list[dict[str, Any]], per_point: list[dict[str, Check]
     return out
 
 
-_STAGE_OF_FAILURE = ("determinism", "hint", "types", "termination", "not_exploitable", "solution")
+_STAGE_OF_FAILURE = ("determinism", "hint", "types", "not_exploitable", "hint_leak", "solution")
 
 
 def _tb(exc: SandboxError) -> str:
@@ -443,8 +526,8 @@ def _tb(exc: SandboxError) -> str:
 def _record_failure(results: dict[str, Check], exc: SandboxError) -> None:
     """A sandbox error during a stage fails the first stage without a verdict yet."""
     stage = next(n for n in _STAGE_OF_FAILURE if n not in results)
-    if stage in ("termination", "not_exploitable"):
-        stage = "types"  # they ran inside the probe loop that failed
+    if stage == "not_exploitable":
+        stage = "types"  # it ran inside the probe loop that failed
     label = {"timeout": "exceeded its time limit", "crashed": "killed the worker",
              "contract": "returned a value outside the contract",
              "output_limit": "sent too much output"}.get(exc.kind, "raised")
