@@ -61,6 +61,9 @@ class EnvStats:
     regret_last: float | None = None
     regret_ema: float | None = None
     learnability: float | None = None
+    # the share of hinted episodes that won by copying the hint (mean of their copy scores;
+    # None: never measured)
+    hint_leak: float | None = None
     times_replayed: int = 0
     last_played: datetime | None = None
     last_tick: int | None = None
@@ -132,6 +135,7 @@ def aggregate_stats(env_id: str, variants: Sequence[EnvStats]) -> EnvStats:
         regret_ema=_weighted([(v.regret_ema, v.episodes_unhinted + v.episodes_hinted)
                               for v in variants]),
         learnability=None if mean_u is None else mean_u * (1.0 - mean_u),
+        hint_leak=_weighted([(v.hint_leak, v.episodes_hinted) for v in variants]),
         times_replayed=sum(v.times_replayed for v in variants),
         last_played=latest.last_played if latest else None,
         last_tick=max(ticks) if ticks else None,
@@ -185,9 +189,13 @@ class Episodes:
 
     hinted: tuple[float, ...] = ()
     unhinted: tuple[float, ...] = ()
+    hint_copies: tuple[float, ...] = ()  # per hinted episode: won by copying the hint (0..1)
 
     def __post_init__(self) -> None:
-        for s in (*self.hinted, *self.unhinted):
+        if self.hint_copies and len(self.hint_copies) != len(self.hinted):
+            raise ValueError(f"{len(self.hint_copies)} hint copy scores for "
+                             f"{len(self.hinted)} hinted episodes")
+        for s in (*self.hinted, *self.unhinted, *self.hint_copies):
             if not (isinstance(s, int | float) and math.isfinite(s) and 0.0 <= s <= 1.0):
                 raise ValueError(f"episode score {s!r} is not in [0, 1]")
         if not self.hinted and not self.unhinted:
@@ -213,6 +221,10 @@ def update_stats(prev: EnvStats, ep: Episodes, *, alpha: float, now: datetime) -
         last = max(0.0, _mean(ep.hinted) - _mean(ep.unhinted))
         ema = last if regret is None else alpha * last + (1.0 - alpha) * regret
     mean_u = _running_mean(prev.mean_unhinted, prev.episodes_unhinted, ep.unhinted)
+    leak = prev.hint_leak
+    if ep.hint_copies:  # hinted episodes before leaks were measured count as unmeasured
+        measured = prev.episodes_hinted if prev.hint_leak is not None else 0
+        leak = _running_mean(prev.hint_leak, measured, ep.hint_copies)
     return replace(
         prev,
         episodes_hinted=prev.episodes_hinted + len(ep.hinted),
@@ -222,6 +234,7 @@ def update_stats(prev: EnvStats, ep: Episodes, *, alpha: float, now: datetime) -
         regret_last=last,
         regret_ema=ema,
         learnability=None if mean_u is None else mean_u * (1.0 - mean_u),
+        hint_leak=leak,
         last_played=now,
         updated_at=now,
     )
@@ -237,6 +250,7 @@ class Summary:
     variants: int = 0   # variant rows (played environment x params) of every environment
     regret: dict[str, Any] = field(default_factory=dict)
     solve_rate: dict[str, Any] = field(default_factory=dict)
+    hint_leak: dict[str, Any] = field(default_factory=dict)  # over played envs that measured it
     diversity: dict[str, Any] = field(default_factory=dict)
     replay: dict[str, Any] = field(default_factory=dict)
     storage: dict[str, Any] = field(default_factory=dict)

@@ -29,7 +29,7 @@ import pyarrow as pa
 from lancedb import AsyncConnection
 from lancedb.table import AsyncTable
 
-SCHEMA_VERSION = 2  # v2: env_stats rows are variants (env_id, params)
+SCHEMA_VERSION = 3  # v2: env_stats rows are variants (env_id, params); v3: their hint_leak
 ENVS, STATS, META = "envs", "env_stats", "meta"
 ID_HEX_CHARS = 16  # 64 bits of sha256: a collision needs ~4e9 environments
 
@@ -68,6 +68,7 @@ STATS_SCHEMA = pa.schema([
     pa.field("regret_last", pa.float64()),
     pa.field("regret_ema", pa.float64()),
     pa.field("learnability", pa.float64()),
+    pa.field("hint_leak", pa.float64()),  # share of hinted episodes won by copying the hint
     pa.field("times_replayed", pa.int64()),
     pa.field("last_played", TS),
     pa.field("last_tick", pa.int64()),  # replay clock value at the last visit (staleness)
@@ -152,7 +153,14 @@ async def _v1_to_v2(db: AsyncConnection, info: dict[str, Any]) -> None:
         await stats.add_columns(missing)
 
 
-MIGRATIONS: dict[int, Migration] = {1: _v1_to_v2}
+async def _v2_to_v3(db: AsyncConnection, info: dict[str, Any]) -> None:
+    """env_stats gets hint_leak, null on every existing row (never measured)."""
+    stats = await db.open_table(STATS)
+    if "hint_leak" not in set((await stats.schema()).names):
+        await stats.add_columns({"hint_leak": "CAST(NULL AS DOUBLE)"})
+
+
+MIGRATIONS: dict[int, Migration] = {1: _v1_to_v2, 2: _v2_to_v3}
 
 
 async def _table_names(db: AsyncConnection) -> set[str]:

@@ -59,6 +59,7 @@ from memory_db.writer import (
 RECORD_COLUMNS = ["id", "name", "description", "status", "reason", "source_doc_id",
                   "source_excerpt", "created_at", "policy_version", "tags"]
 Sort = Literal["regret", "created", "played"]
+LEAK_FLAG = 0.5  # `summary` counts environments whose hint_leak is at least this as flagged
 
 
 def _where(status: str | None = None, tags: Sequence[str] = (),
@@ -166,13 +167,16 @@ class EnvMemory:
 
     async def record_episodes(self, env_id: str, *, hinted: Iterable[float] = (),
                               unhinted: Iterable[float] = (),
-                              params: dict[str, Any] | None = None) -> EnvStats:
+                              params: dict[str, Any] | None = None,
+                              hint_copies: Iterable[float] = ()) -> EnvStats:
         """One evaluation's episode scores of environment `env_id` played at `params`: updates
         that variant's counts, means, regret EMA, learnability (creating its row on first play)
         and returns its stats (`id` is the variant id). No params: the default variant, whose id
         is the environment's. Pass resolved params (every knob, defaults filled), or the same
-        variant ends up under two ids."""
-        episodes = Episodes(tuple(float(x) for x in hinted), tuple(float(x) for x in unhinted))
+        variant ends up under two ids. `hint_copies` (none, or one per hinted episode): how far
+        each hinted episode won by copying the hint; their running mean is `hint_leak`."""
+        episodes = Episodes(tuple(float(x) for x in hinted), tuple(float(x) for x in unhinted),
+                            tuple(float(x) for x in hint_copies))
         canon = canonical_params(params)  # a value that is not JSON fails here, in the caller
         return await self._w().submit(
             "record", RecordPayload(env_id, canon, variant_id(env_id, params), episodes))
@@ -387,6 +391,10 @@ class EnvMemory:
                                        if x.mean_unhinted is not None]),
             "hinted": _distribution([x.mean_hinted for x in played if x.mean_hinted is not None]),
         }
+        leaks = [x.hint_leak for x in played if x.hint_leak is not None]
+        s.hint_leak = {"n": len(leaks), "threshold": LEAK_FLAG,
+                       "flagged": sum(v >= LEAK_FLAG for v in leaks),
+                       "distribution": _distribution(leaks)}
         s.diversity = await self._diversity(len(accepted))
         probs = await self.replay_probabilities()
         if probs:

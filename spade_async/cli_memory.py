@@ -192,6 +192,7 @@ def memory_show(
         f"{s.episodes_hinted} hinted (mean {_num(s.mean_hinted)})",
         f"regret:         EMA {_num(s.regret_ema)}, last {_num(s.regret_last)};  "
         f"learnability {_num(s.learnability)}",
+        f"hint leak:      {_leak(s.hint_leak)}",
         f"replay:         {s.times_replayed} times, last played "
         f"{s.last_played.isoformat() if s.last_played else 'never'}",
         *_variant_lines(variants),
@@ -199,6 +200,15 @@ def memory_show(
     typer.echo("\n".join(lines))
     if code:
         typer.echo("\n" + (rec.code or ""))
+
+
+def _leak(value: float | None) -> str:
+    """The share of hinted wins copied from the hint, flagged from 0.5 (regret.leak_threshold's
+    default)."""
+    if value is None:
+        return "not measured"
+    return f"{value:.3f}" + ("  FLAGGED: hinted play wins by copying the hint" if value >= 0.5
+                             else "")
 
 
 def _variant_lines(variants: list[VariantStats]) -> list[str]:
@@ -242,6 +252,10 @@ def memory_stats(config: Path = ConfigOpt, as_json: bool = JsonOpt) -> None:
     out.append(f"regret EMA:     {_histogram_line(s.regret)}")
     out.append(f"solve unhinted: {_histogram_line(s.solve_rate.get('unhinted', {}))}")
     out.append(f"solve hinted:   {_histogram_line(s.solve_rate.get('hinted', {}))}")
+    leak = s.hint_leak
+    out.append(f"hint leak:      {_histogram_line(leak.get('distribution', {}))}"
+               + (f"  ({leak['flagged']} flagged >= {leak['threshold']})" if leak.get("n")
+                  else ""))
     d = s.diversity.get("mean_pairwise_cosine_distance")
     out.append(f"diversity:      mean pairwise cosine distance of accepted envs "
                f"{'-' if d is None else f'{d:.3f}'} (n={s.diversity.get('n', 0)})")

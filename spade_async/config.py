@@ -198,6 +198,10 @@ class RegretConfig(_Strict):
         "Regrets' recommends for binary outcomes; a small model can do worse with a hint, "
         "which makes the hint gap 0); both, their mean")
     advantage_eps: float = Field(1e-6, gt=0, description="added to the std when normalising")
+    leak_threshold: float = Field(0.5, gt=0, le=1, description="a play whose hinted episodes won "
+                                  "by copying the hint this often (hint_leak) flags its "
+                                  "environment; the designer's reward is discounted by "
+                                  "(1 - hint_leak) in any case")
 
 
 class DaemonConfig(_Strict):
@@ -246,6 +250,23 @@ class DaemonConfig(_Strict):
     bootstrap_seeds: bool = Field(False, description="when the memory holds no accepted "
                                   "environment, validate and store the built-in seed "
                                   "environments first: designer examples and replay material")
+    bootstrap_families: list[str] | None = Field(
+        None, min_length=1, description="with bootstrap_seeds, only these seed families (file "
+        "stems in spade_async/envs/seeds/); None: all of them. A small model that solves "
+        "nothing at most families' easiest points (`spade bench ladder`) spends its time on "
+        "the ones it can learn from")
+
+    @field_validator("bootstrap_families")
+    @classmethod
+    def _known_seed_families(cls, v: list[str] | None) -> list[str] | None:
+        if v is not None:
+            seeds = Path(__file__).resolve().parent / "envs" / "seeds"
+            known = sorted(p.stem for p in seeds.glob("*.py") if p.name != "__init__.py")
+            unknown = [n for n in v if n not in known]
+            if unknown:
+                raise ValueError(f"no seed family {', '.join(map(repr, unknown))} "
+                                 f"(known: {', '.join(known)})")
+        return v
     stop_after_versions: int = Field(0, ge=0, description="bounded run: stop by itself (drain, "
                                      "exit 0) once it has sampled with a policy this many "
                                      "versions newer than the one it started on: an agent "

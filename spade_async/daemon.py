@@ -94,8 +94,10 @@ class MemoryPort(Protocol):
 
     async def record_play(self, env_id: str, unhinted: list[float], hinted: list[float],
                           regret: EnvRegret, replayed: bool,
-                          params: dict[str, Any] | None = None) -> None:
-        """Episodes of environment `env_id` played at `params` (resolved; None: defaults)."""
+                          params: dict[str, Any] | None = None,
+                          hint_copies: list[float] | None = None) -> None:
+        """Episodes of environment `env_id` played at `params` (resolved; None: defaults);
+        `hint_copies`, one per hinted episode: how far it won by copying the hint."""
         ...
 
     async def sample_replay(self) -> StoredEnv | None: ...
@@ -273,8 +275,9 @@ class Daemon:
             return
         from spade_async.envs import seeds
 
+        wanted = self.cfg.daemon.bootstrap_families
         files = sorted(p for p in Path(seeds.__file__).parent.glob("*.py")
-                       if p.name != "__init__.py")
+                       if p.name != "__init__.py" and (wanted is None or p.stem in wanted))
         stored = 0
 
         async def one(f: Path) -> None:  # validations run side by side in the sandbox slots
@@ -797,8 +800,9 @@ class Daemon:
                 tg.start_soon(one, True, s)
         samples = self._agent_samples(results, version)
         scored = {h: [e.score for e in eps if e.error is None] for h, eps in results.items()}
+        copies = [e.hint_copy or 0.0 for e in results[True] if e.error is None]
         if scored[False] and scored[True]:
-            await self._score_play(job, scored[False], scored[True], version)
+            await self._score_play(job, scored[False], scored[True], version, copies)
         else:
             failed = Counter(e.error_kind for eps in results.values() for e in eps if e.error)
             await self.failures.give_up(
@@ -816,8 +820,15 @@ class Daemon:
             self.iterations += 1
 
     async def _score_play(self, job: PlayJob, unhinted: list[float], hinted: list[float],
-                          version: int) -> None:
-        regret = env_regret(unhinted, hinted, self.cfg.regret)
+                          version: int, hint_copies: list[float] | None = None) -> None:
+        """The play's regret and both signals; hinted wins copied from the hint discount the
+        designer's reward and, past regret.leak_threshold, flag the environment (counted,
+        logged, and kept per variant in the memory as hint_leak)."""
+        regret = env_regret(unhinted, hinted, self.cfg.regret, hint_copies)
+        if regret.leak_flagged:
+            self.counters["plays_leak_flagged"] += 1
+            log.warning("hint_leak_in_play", env_id=job.env_id, hint_leak=round(regret.hint_leak, 3),
+                        move=job.move)
         self.regrets.append(regret.regret)
         self.metrics.regret.observe(regret.regret)
         if job.group is not None:
@@ -828,7 +839,7 @@ class Daemon:
         try:
             await self._memory_op(lambda: self.memory.record_play(
                 job.env_id, unhinted, hinted, regret, replayed=job.group is None,
-                params=params or None), env_id=job.env_id)
+                params=params or None, hint_copies=hint_copies or None), env_id=job.env_id)
         except GaveUp as exc:  # the regret still counts; the memory's stats miss this play
             await self.failures.give_up("play_stats", str(exc), env_id=job.env_id)
         meta = self._metas.get(job.env_id)

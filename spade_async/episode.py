@@ -20,6 +20,7 @@ from spade_async.chat_tokens import ChatTokens
 from spade_async.config import RolloutConfig
 from spade_async.endpoints.pool import EndpointError, EndpointPool
 from spade_async.envs.contract import EnvMeta, episode_score, parse_tool_call, tool_call_action
+from spade_async.envs.hint_leak import play_leak
 from spade_async.logs import get_logger
 from spade_async.sandbox.runtime import EnvSession, Sandbox, SandboxError
 
@@ -62,6 +63,10 @@ class Episode:
     error_kind: str | None = None  # the failures ledger's label: timeout, sandbox_crashed, ...
     params: dict[str, Any] | None = None  # the knobs it was played at (None: the environment's
     # own defaults, or it has none)
+    hint: str | None = None  # the privileged hint it was played with (hinted episodes)
+    # a hinted episode won by copying the hint: the share of its actions found in the hint
+    # when it scored full marks, else 0 (hint_leak.play_leak); None when unhinted
+    hint_copy: float | None = None
 
     @property
     def sampled_tokens(self) -> int:
@@ -74,6 +79,9 @@ class Episode:
             rec.pop(k)
         if rec["params"] is None:
             rec.pop("params")  # records of environments played without knobs stay as they were
+        for k in ("hint", "hint_copy"):
+            if rec[k] is None:
+                rec.pop(k)
         rec["sampled_tokens"] = self.sampled_tokens
         rec["sequence_tokens"] = len(self.token_ids)
         return rec
@@ -185,6 +193,10 @@ async def run_episode(
             ep.loss_mask += [0] * len(between)
             ep.logprobs += [0.0] * len(between)
     ep.score = episode_score(rewards)
+    if hint is not None:
+        ep.hint = hint
+        ep.hint_copy = (play_leak(hint, [t.action for t in ep.turns])
+                        if ep.score >= 1.0 - 1e-9 else 0.0)
     if scope.cancelled_caught:
         ep.error = f"the episode exceeded its {cfg.episode_deadline_s:g}s deadline"
         ep.error_kind = "deadline"

@@ -32,6 +32,10 @@ class EnvRegret:
     designer_reward: float
     learnability: float  # p(1 - p) of the unhinted solve rate
     signal: str = "hint_gap"  # what designer_reward pays (RegretConfig.signal)
+    # the share of hinted episodes won by copying the hint (mean of Episode.hint_copy);
+    # designer_reward is already discounted by (1 - hint_leak)
+    hint_leak: float = 0.0
+    leak_flagged: bool = False  # hint_leak >= RegretConfig.leak_threshold
 
     def as_dict(self) -> dict[str, float | bool]:
         return dict(self.__dict__)
@@ -43,9 +47,13 @@ def _mean(xs: list[float]) -> float:
     return math.fsum(xs) / len(xs)
 
 
-def env_regret(unhinted: list[float], hinted: list[float], cfg: RegretConfig) -> EnvRegret:
+def env_regret(unhinted: list[float], hinted: list[float], cfg: RegretConfig,
+               hint_copies: list[float] | None = None) -> EnvRegret:
     """Both targeting signals, whichever pays: the hint gap (regret, gated by feasibility) and
-    learnability p(1 - p), scaled by 4 into [0, 1] when it is the reward so the two compare."""
+    learnability p(1 - p), scaled by 4 into [0, 1] when it is the reward so the two compare.
+    `hint_copies` (one per hinted episode, Episode.hint_copy): how far hinted play won by
+    copying the hint; their mean discounts the designer's reward, whatever the signal, and
+    flags the environment at `cfg.leak_threshold`."""
     r_u, r_h = _mean(unhinted), _mean(hinted)
     regret = max(0.0, r_h - r_u)
     feasible = r_h >= cfg.feasibility_threshold
@@ -54,7 +62,11 @@ def env_regret(unhinted: list[float], hinted: list[float], cfg: RegretConfig) ->
     gap = regret if feasible else 0.0
     reward = {"hint_gap": gap, "learnability": 4.0 * learnability,
               "both": 0.5 * (gap + 4.0 * learnability)}[cfg.signal]
-    return EnvRegret(r_u, r_h, regret, feasible, reward, learnability, cfg.signal)
+    leak = _mean(hint_copies) if hint_copies else 0.0
+    if not 0.0 <= leak <= 1.0:
+        raise ValueError(f"hint copy scores must lie in [0, 1], got mean {leak}")
+    return EnvRegret(r_u, r_h, regret, feasible, reward * (1.0 - leak), learnability,
+                     cfg.signal, leak, leak >= cfg.leak_threshold)
 
 
 def design_reward(status: DesignStatus, regret: EnvRegret | None, cfg: RegretConfig,

@@ -40,7 +40,8 @@ class DictMemory:
                                       "policy_version": policy_version})
         return status, env_id if status is DesignStatus.ACCEPTED else None, reason
 
-    async def record_play(self, env_id, unhinted, hinted, regret, replayed, params=None):
+    async def record_play(self, env_id, unhinted, hinted, regret, replayed, params=None,
+                          hint_copies=None):
         self.plays.append((env_id, unhinted, hinted, regret, replayed))
         self.params_played.append(dict(params or {}))
 
