@@ -629,6 +629,9 @@ def _status_lines(st: dict, cfg: SpadeConfig) -> list[str]:
                      f"{r.get('histogram')}")
     else:
         lines.append("regret     no environment played yet")
+    if c.get("plays_leak_flagged") or c.get("episodes_hinted"):
+        lines.append(f"hint leak  {c.get('plays_leak_flagged', 0)} plays flagged (hinted wins "
+                     "copied from the hint; their designers' rewards discounted)")
     inf = st.get("in_flight", {})
     waiting = max(0, t["last_seq"] - t["taken_seq"])
     ahead = cfg.daemon.max_batches_ahead

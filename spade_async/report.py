@@ -183,6 +183,11 @@ def plot_regret(d: RunData, ax_regret, ax_solve, solved_at: float) -> None:
         ax_regret.scatter(t[replayed], r[replayed], s=18, marker="x", label="replayed",
                           alpha=0.8)
         ax_regret.plot(t, rolling_mean(r, 10), color="k", lw=1.5, label="rolling mean (10)")
+        measured = [(x, float(p["hint_leak"])) for x, p in zip(t, d.plays, strict=True)
+                    if p.get("hint_leak") is not None]
+        if measured:  # hinted wins copied from the hint, over time
+            ax_regret.plot([x for x, _ in measured], rolling_mean([v for _, v in measured], 10),
+                           color="tab:red", lw=1.2, ls="--", label="hint leak, rolling (10)")
         ax_regret.set_ylabel("regret (hinted - unhinted)")
         ax_regret.set_ylim(-0.05, 1.05)
         ax_regret.legend(loc="upper left", fontsize=8)
@@ -558,6 +563,19 @@ def _same_x(*axes) -> None:
         a.set_xlim(lo, hi)
 
 
+def _leak_summary(plays: list[dict]) -> dict[str, Any]:
+    """Plays whose hinted wins were copied from the hint: how many were measured and flagged,
+    the mean leak, and the flagged share per quarter of the run (the leak rate over time)."""
+    measured = [p for p in plays if p.get("hint_leak") is not None]
+    flagged = [bool(p.get("leak_flagged")) for p in measured]
+    quarters = [flagged[i * len(flagged) // 4:(i + 1) * len(flagged) // 4] for i in range(4)]
+    return {"plays": len(measured), "flagged": sum(flagged),
+            "mean": round(sum(float(p["hint_leak"]) for p in measured) / len(measured), 4)
+            if measured else None,
+            "flagged_share_by_quarter": [round(sum(q) / len(q), 3) if q else None
+                                         for q in quarters]}
+
+
 def summary(cfg: SpadeConfig, d: RunData) -> dict[str, Any]:
     fams = curriculum(d.designs, d.plays, d.t0, cfg.validation.solution_score)
     outcomes = Counter(_outcome(x) for x in d.designs)
@@ -578,6 +596,7 @@ def summary(cfg: SpadeConfig, d: RunData) -> dict[str, Any]:
         "episode_versions": sorted({int(e.get("policy_version", 0)) for e in d.episodes}),
         "envs_played": len(d.plays),
         "regret_mean": round(sum(regrets) / len(regrets), 4) if regrets else None,
+        "hint_leak": _leak_summary(d.plays),
         "trainer_steps": len(d.steps),
         "versions_published": published,
         "evaluations": len(d.evals),

@@ -48,7 +48,10 @@ def _fill(tmp: Path) -> None:
          "policy_version": i // 20, "error": None} for i in range(60)])
     _write_jsonl(run / "plays.jsonl", [
         {"time": t0 + 30 * i, "env_id": f"e{i}", "replayed": i % 2 == 1,
-         "regret": rng.random() * 0.6, "policy_version": i // 5} for i in range(12)])
+         "regret": rng.random() * 0.6, "policy_version": i // 5,
+         # plays written before hint leaks were measured have no hint_leak
+         **({"hint_leak": 1.0 if i == 9 else 0.0, "leak_flagged": i == 9} if i >= 4 else {})}
+        for i in range(12)])
     _write_jsonl(tmp / "data" / "trainer" / "metrics.jsonl", [
         {"event": "step", "time": t0 + 60 * i, "step": i + 1, "loss": 0.1 / (i + 1),
          "logprob_abs_diff_mean": 0.03 + 0.001 * i,
@@ -80,6 +83,8 @@ def test_report_renders_every_plot_from_a_runs_files(tmp_path):
     assert s["rejected_by_reason"] == {"static.parse": 10, "no_code": 10, "sandbox.reset": 10}
     assert s["memory"] == {"stored": 12, "accepted": 8, "error": None}
     assert s["trainer_steps"] == 6 and s["versions_published"] == [1, 3, 5]
+    assert s["hint_leak"] == {"plays": 8, "flagged": 1, "mean": 0.125,
+                              "flagged_share_by_quarter": [0.0, 0.0, 0.5, 0.0]}
     page = (out / "index.html").read_text()
     for name, title, _ in PLOTS:
         data = (out / name).read_bytes()
