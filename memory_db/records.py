@@ -64,6 +64,9 @@ class EnvStats:
     # the share of hinted episodes that won by copying the hint (mean of their copy scores;
     # None: never measured)
     hint_leak: float | None = None
+    # episodes that failed in the sandbox on the environment's own code (a crash, a timeout,
+    # a value outside the contract): never scores, so a broken environment does not read as hard
+    sandbox_failures: int | None = 0
     times_replayed: int = 0
     last_played: datetime | None = None
     last_tick: int | None = None
@@ -136,6 +139,7 @@ def aggregate_stats(env_id: str, variants: Sequence[EnvStats]) -> EnvStats:
                               for v in variants]),
         learnability=None if mean_u is None else mean_u * (1.0 - mean_u),
         hint_leak=_weighted([(v.hint_leak, v.episodes_hinted) for v in variants]),
+        sandbox_failures=sum(v.sandbox_failures or 0 for v in variants),
         times_replayed=sum(v.times_replayed for v in variants),
         last_played=latest.last_played if latest else None,
         last_tick=max(ticks) if ticks else None,
@@ -190,6 +194,7 @@ class Episodes:
     hinted: tuple[float, ...] = ()
     unhinted: tuple[float, ...] = ()
     hint_copies: tuple[float, ...] = ()  # per hinted episode: won by copying the hint (0..1)
+    sandbox_failures: int = 0  # episodes of this play the environment's code failed
 
     def __post_init__(self) -> None:
         if self.hint_copies and len(self.hint_copies) != len(self.hinted):
@@ -198,8 +203,14 @@ class Episodes:
         for s in (*self.hinted, *self.unhinted, *self.hint_copies):
             if not (isinstance(s, int | float) and math.isfinite(s) and 0.0 <= s <= 1.0):
                 raise ValueError(f"episode score {s!r} is not in [0, 1]")
-        if not self.hinted and not self.unhinted:
+        if self.sandbox_failures < 0:
+            raise ValueError(f"sandbox_failures {self.sandbox_failures} < 0")
+        if not self.hinted and not self.unhinted and not self.sandbox_failures:
             raise ValueError("no episodes to record")
+
+    @property
+    def scored(self) -> bool:
+        return bool(self.hinted or self.unhinted)
 
 
 def _mean(xs: Sequence[float]) -> float:
@@ -214,7 +225,11 @@ def _running_mean(old: float | None, n_old: int, new: Sequence[float]) -> float 
 
 
 def update_stats(prev: EnvStats, ep: Episodes, *, alpha: float, now: datetime) -> EnvStats:
-    """The stats after one more evaluation of the environment."""
+    """The stats after one more evaluation of the environment. Failed episodes only count
+    (sandbox_failures): a play without a score leaves the means, regret and play time alone."""
+    failures = (prev.sandbox_failures or 0) + ep.sandbox_failures
+    if not ep.scored:
+        return replace(prev, sandbox_failures=failures, updated_at=now)
     regret = ema = prev.regret_ema
     last = prev.regret_last
     if ep.hinted and ep.unhinted:
@@ -235,6 +250,7 @@ def update_stats(prev: EnvStats, ep: Episodes, *, alpha: float, now: datetime) -
         regret_ema=ema,
         learnability=None if mean_u is None else mean_u * (1.0 - mean_u),
         hint_leak=leak,
+        sandbox_failures=failures,
         last_played=now,
         updated_at=now,
     )
@@ -251,6 +267,7 @@ class Summary:
     regret: dict[str, Any] = field(default_factory=dict)
     solve_rate: dict[str, Any] = field(default_factory=dict)
     hint_leak: dict[str, Any] = field(default_factory=dict)  # over played envs that measured it
+    sandbox_failing: dict[str, Any] = field(default_factory=dict)  # envs whose code failed
     diversity: dict[str, Any] = field(default_factory=dict)
     replay: dict[str, Any] = field(default_factory=dict)
     storage: dict[str, Any] = field(default_factory=dict)

@@ -29,7 +29,8 @@ import pyarrow as pa
 from lancedb import AsyncConnection
 from lancedb.table import AsyncTable
 
-SCHEMA_VERSION = 3  # v2: env_stats rows are variants (env_id, params); v3: their hint_leak
+SCHEMA_VERSION = 3  # v2: env_stats rows are variants (env_id, params); v3: hint_leak and
+# sandbox_failures per variant
 ENVS, STATS, META = "envs", "env_stats", "meta"
 ID_HEX_CHARS = 16  # 64 bits of sha256: a collision needs ~4e9 environments
 
@@ -69,6 +70,7 @@ STATS_SCHEMA = pa.schema([
     pa.field("regret_ema", pa.float64()),
     pa.field("learnability", pa.float64()),
     pa.field("hint_leak", pa.float64()),  # share of hinted episodes won by copying the hint
+    pa.field("sandbox_failures", pa.int64()),  # episodes the environment's code failed (no score)
     pa.field("times_replayed", pa.int64()),
     pa.field("last_played", TS),
     pa.field("last_tick", pa.int64()),  # replay clock value at the last visit (staleness)
@@ -154,10 +156,15 @@ async def _v1_to_v2(db: AsyncConnection, info: dict[str, Any]) -> None:
 
 
 async def _v2_to_v3(db: AsyncConnection, info: dict[str, Any]) -> None:
-    """env_stats gets hint_leak, null on every existing row (never measured)."""
+    """env_stats gets hint_leak (null on every existing row: never measured) and
+    sandbox_failures (0), in one commit."""
     stats = await db.open_table(STATS)
-    if "hint_leak" not in set((await stats.schema()).names):
-        await stats.add_columns({"hint_leak": "CAST(NULL AS DOUBLE)"})
+    have = set((await stats.schema()).names)
+    missing = {name: expr for name, expr in (("hint_leak", "CAST(NULL AS DOUBLE)"),
+                                             ("sandbox_failures", "CAST(0 AS BIGINT)"))
+               if name not in have}
+    if missing:
+        await stats.add_columns(missing)
 
 
 MIGRATIONS: dict[int, Migration] = {1: _v1_to_v2, 2: _v2_to_v3}

@@ -168,15 +168,18 @@ class EnvMemory:
     async def record_episodes(self, env_id: str, *, hinted: Iterable[float] = (),
                               unhinted: Iterable[float] = (),
                               params: dict[str, Any] | None = None,
-                              hint_copies: Iterable[float] = ()) -> EnvStats:
+                              hint_copies: Iterable[float] = (),
+                              sandbox_failures: int = 0) -> EnvStats:
         """One evaluation's episode scores of environment `env_id` played at `params`: updates
         that variant's counts, means, regret EMA, learnability (creating its row on first play)
         and returns its stats (`id` is the variant id). No params: the default variant, whose id
         is the environment's. Pass resolved params (every knob, defaults filled), or the same
         variant ends up under two ids. `hint_copies` (none, or one per hinted episode): how far
-        each hinted episode won by copying the hint; their running mean is `hint_leak`."""
+        each hinted episode won by copying the hint; their running mean is `hint_leak`.
+        `sandbox_failures`: episodes of this play that failed on the environment's own code
+        (counted, never scores; a play may consist of nothing else)."""
         episodes = Episodes(tuple(float(x) for x in hinted), tuple(float(x) for x in unhinted),
-                            tuple(float(x) for x in hint_copies))
+                            tuple(float(x) for x in hint_copies), int(sandbox_failures))
         canon = canonical_params(params)  # a value that is not JSON fails here, in the caller
         return await self._w().submit(
             "record", RecordPayload(env_id, canon, variant_id(env_id, params), episodes))
@@ -395,6 +398,9 @@ class EnvMemory:
         s.hint_leak = {"n": len(leaks), "threshold": LEAK_FLAG,
                        "flagged": sum(v >= LEAK_FLAG for v in leaks),
                        "distribution": _distribution(leaks)}
+        failing = [x for x in stats if x.sandbox_failures]
+        s.sandbox_failing = {"envs": len(failing), "never_scored": sum(
+            not (x.episodes_unhinted or x.episodes_hinted) for x in failing)}
         s.diversity = await self._diversity(len(accepted))
         probs = await self.replay_probabilities()
         if probs:

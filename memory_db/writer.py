@@ -436,7 +436,7 @@ class Writer:
             self.family[vid] = (rec.env_id, rec.params)
             prev = dirty.get(vid) or self.stats.get(vid) or EnvStats(id=vid)
             new = update_stats(prev, rec.episodes, alpha=self.cfg.ema_alpha, now=now)
-            if new.last_tick is None:  # first play is a visit on the replay clock
+            if new.last_tick is None and rec.episodes.scored:  # first play: a replay visit
                 new = replace(new, last_tick=self.clock)
                 self.clock += 1
             dirty[vid] = new

@@ -193,6 +193,10 @@ def memory_show(
         f"regret:         EMA {_num(s.regret_ema)}, last {_num(s.regret_last)};  "
         f"learnability {_num(s.learnability)}",
         f"hint leak:      {_leak(s.hint_leak)}",
+        f"failed:         {s.sandbox_failures or 0} episodes failed on the environment's code "
+        "(counted, never scored)"
+        + ("  BROKEN: it has failed and never been scored"
+           if s.sandbox_failures and not (s.episodes_unhinted or s.episodes_hinted) else ""),
         f"replay:         {s.times_replayed} times, last played "
         f"{s.last_played.isoformat() if s.last_played else 'never'}",
         *_variant_lines(variants),
@@ -252,6 +256,10 @@ def memory_stats(config: Path = ConfigOpt, as_json: bool = JsonOpt) -> None:
     out.append(f"regret EMA:     {_histogram_line(s.regret)}")
     out.append(f"solve unhinted: {_histogram_line(s.solve_rate.get('unhinted', {}))}")
     out.append(f"solve hinted:   {_histogram_line(s.solve_rate.get('hinted', {}))}")
+    broken = s.sandbox_failing
+    if broken.get("envs"):
+        out.append(f"failing:        {broken['envs']} environments with episodes failed on their "
+                   f"own code, {broken['never_scored']} of them never scored")
     leak = s.hint_leak
     out.append(f"hint leak:      {_histogram_line(leak.get('distribution', {}))}"
                + (f"  ({leak['flagged']} flagged >= {leak['threshold']})" if leak.get("n")

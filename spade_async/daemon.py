@@ -95,9 +95,16 @@ class MemoryPort(Protocol):
     async def record_play(self, env_id: str, unhinted: list[float], hinted: list[float],
                           regret: EnvRegret, replayed: bool,
                           params: dict[str, Any] | None = None,
-                          hint_copies: list[float] | None = None) -> None:
+                          hint_copies: list[float] | None = None,
+                          sandbox_failures: int = 0) -> None:
         """Episodes of environment `env_id` played at `params` (resolved; None: defaults);
-        `hint_copies`, one per hinted episode: how far it won by copying the hint."""
+        `hint_copies`, one per hinted episode: how far it won by copying the hint;
+        `sandbox_failures`: episodes its code failed (counted, not scored)."""
+        ...
+
+    async def record_failures(self, env_id: str, n: int,
+                              params: dict[str, Any] | None = None) -> None:
+        """A play with no score on one side: its `n` episodes the environment's code failed."""
         ...
 
     async def sample_replay(self) -> StoredEnv | None: ...
@@ -801,9 +808,21 @@ class Daemon:
         samples = self._agent_samples(results, version)
         scored = {h: [e.score for e in eps if e.error is None] for h, eps in results.items()}
         copies = [e.hint_copy or 0.0 for e in results[True] if e.error is None]
+        # episodes the environment's own code failed (not the host's: sandbox_start) are
+        # counted against it in the memory, never scored
+        env_failed = sum(1 for eps in results.values() for e in eps
+                         if e.error and (e.error_kind or "").startswith("sandbox_")
+                         and e.error_kind != "sandbox_start")
         if scored[False] and scored[True]:
-            await self._score_play(job, scored[False], scored[True], version, copies)
+            await self._score_play(job, scored[False], scored[True], version, copies,
+                                   env_failed)
         else:
+            if env_failed:
+                try:
+                    await self._memory_op(lambda: self.memory.record_failures(
+                        job.env_id, env_failed, params=job.params or None), env_id=job.env_id)
+                except GaveUp as exc:
+                    await self.failures.give_up("play_stats", str(exc), env_id=job.env_id)
             failed = Counter(e.error_kind for eps in results.values() for e in eps if e.error)
             await self.failures.give_up(
                 "play", f"no score on one side: {len(scored[False])}/{len(results[False])} "
@@ -820,7 +839,8 @@ class Daemon:
             self.iterations += 1
 
     async def _score_play(self, job: PlayJob, unhinted: list[float], hinted: list[float],
-                          version: int, hint_copies: list[float] | None = None) -> None:
+                          version: int, hint_copies: list[float] | None = None,
+                          sandbox_failures: int = 0) -> None:
         """The play's regret and both signals; hinted wins copied from the hint discount the
         designer's reward and, past regret.leak_threshold, flag the environment (counted,
         logged, and kept per variant in the memory as hint_leak)."""
@@ -839,7 +859,8 @@ class Daemon:
         try:
             await self._memory_op(lambda: self.memory.record_play(
                 job.env_id, unhinted, hinted, regret, replayed=job.group is None,
-                params=params or None, hint_copies=hint_copies or None), env_id=job.env_id)
+                params=params or None, hint_copies=hint_copies or None,
+                sandbox_failures=sandbox_failures), env_id=job.env_id)
         except GaveUp as exc:  # the regret still counts; the memory's stats miss this play
             await self.failures.give_up("play_stats", str(exc), env_id=job.env_id)
         meta = self._metas.get(job.env_id)

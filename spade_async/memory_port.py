@@ -70,9 +70,15 @@ class LanceMemoryPort:
     async def record_play(self, env_id: str, unhinted: list[float], hinted: list[float],
                           regret: EnvRegret, replayed: bool,
                           params: dict[str, Any] | None = None,
-                          hint_copies: list[float] | None = None) -> None:
+                          hint_copies: list[float] | None = None,
+                          sandbox_failures: int = 0) -> None:
         await self.mem.record_episodes(env_id, hinted=hinted, unhinted=unhinted, params=params,
-                                       hint_copies=hint_copies or ())
+                                       hint_copies=hint_copies or (),
+                                       sandbox_failures=sandbox_failures)
+
+    async def record_failures(self, env_id: str, n: int,
+                              params: dict[str, Any] | None = None) -> None:
+        await self.mem.record_episodes(env_id, params=params, sandbox_failures=n)
 
     async def variants(self, env_id: str) -> list[VariantStats]:
         """The environment's variants with their statistics, most played first (what the

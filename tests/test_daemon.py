@@ -252,3 +252,51 @@ async def test_episode_retried_after_a_restart_samples_with_the_newest_version(f
     assert any(k.endswith("model_not_served") for k in daemon.failures.counts), \
         daemon.failures.counts
     assert not daemon.failures.given_up and len(memory.plays) == 1
+
+
+async def test_failed_episodes_stay_out_of_regret_and_memory_and_are_counted(fake, tmp_path):
+    """Requests failing on the endpoint (503, no retries left) fail their episodes: those are
+    counted (status, failures ledger) and never enter R_u / R_h or the memory's statistics, so
+    an outage does not read as a hard environment."""
+    server, chat = fake
+    cfg = _docs(tmp_path, _config(tmp_path, server), 3)
+    cfg = cfg.model_copy(update={
+        "pool": PoolConfig(wait_for_endpoint_s=5, max_attempts=1),
+        "rollout": RolloutConfig(k_unhinted=4, k_hinted=3, max_tokens_per_turn=16,
+                                 episode_attempts=1),
+    })
+    memory = DictMemory()
+    spool = FileSpool(tmp_path / "spool", writer=True)
+    sampler = CorpusSampler.from_config(cfg.corpus, tmp_path / "corpus.json", autocommit=False)
+    async with EndpointPool(cfg.endpoints, cfg.pool) as pool, Sandbox(cfg.sandbox) as sb:
+        daemon = Daemon(cfg, pool=pool, sandbox=sb, memory=memory, spool=spool, corpus=sampler,
+                        chat=chat, run_dir=tmp_path / "run")
+        async with anyio.create_task_group() as tg:
+            async def inject() -> None:  # one failure at a time while episodes run, 4 in all
+                for _ in range(4):
+                    while not daemon.in_flight["episodes"] or server.state.fail_next:
+                        await anyio.sleep(0.01)
+                    server.state.fail_next = 1
+                    await anyio.sleep(0.2)
+
+            tg.start_soon(inject)
+            await daemon.run(max_iterations=3)
+            tg.cancel_scope.cancel()
+    episodes = [json.loads(x) for x in (tmp_path / "run" / "episodes.jsonl").read_text()
+                .splitlines()]
+    failed = [e for e in episodes if e["error"]]
+    assert failed and daemon.counters["episode_errors"] == len(failed)
+    assert all(e["error_kind"] == "http_5xx" for e in failed)
+    assert memory.plays, "every play failed: the injection is too strong for this test"
+    for env_id, unhinted, hinted, regret, _ in memory.plays:
+        ok = [e for e in episodes if e["env_id"] == env_id and not e["error"]]
+        # only finished episodes are scores, and the regret is computed from them alone
+        assert len(unhinted) == sum(not e["hinted"] for e in ok) < 4 + 1
+        assert len(hinted) == sum(e["hinted"] for e in ok)
+        assert regret.r_unhinted == pytest.approx(sum(unhinted) / len(unhinted))
+        assert regret.r_hinted == pytest.approx(sum(hinted) / len(hinted))
+    assert sum(len(u) + len(h) for _, u, h, _, _ in memory.plays) < len(episodes)
+    assert memory.sandbox_failures == [0] * len(memory.plays)  # the endpoint's fault, not theirs
+    status = json.loads((tmp_path / "run" / "status.json").read_text())
+    assert status["counters"]["episode_errors"] == len(failed)
+    assert status["failures"]["by_kind"]["episode.http_5xx"] == len(failed)

@@ -146,13 +146,34 @@ async def test_a_v2_database_gains_hint_leak_on_open(tmp_path):
         a = (await mem.insert(_env(1))).id
         await mem.record_episodes(a, hinted=[1.0], unhinted=[0.0])
     db = await lancedb.connect_async(uri)  # back to v2: no hint_leak column, version 2
-    await (await db.open_table("env_stats")).drop_columns(["hint_leak"])
+    await (await db.open_table("env_stats")).drop_columns(["hint_leak", "sandbox_failures"])
     meta = await db.open_table("meta")
     await (meta.merge_insert("key").when_matched_update_all().when_not_matched_insert_all()
            .execute(meta_rows({"schema_version": 2})))
     async with open_memory(_cfg(), uri) as mem:
         st = (await mem.get(a)).stats
-        assert st.hint_leak is None and st.episodes_hinted == 1
+        assert st.hint_leak is None and st.episodes_hinted == 1 and st.sandbox_failures == 0
         s = await mem.record_episodes(a, hinted=[1.0], unhinted=[0.0], hint_copies=[1.0])
         assert s.hint_leak == 1.0  # the hinted episode before the upgrade was never measured
         assert SCHEMA_VERSION == 3
+
+
+async def test_sandbox_failures_are_counted_not_scored(tmp_path):
+    """An environment whose code fails in the sandbox is marked as such, not as hard: failed
+    episodes never enter the means, the regret or the replay clock."""
+    async with open_memory(_cfg(), str(tmp_path / "m")) as mem:
+        a = (await mem.insert(_env(1))).id
+        s = await mem.record_episodes(a, sandbox_failures=3)
+        assert (s.sandbox_failures, s.episodes_unhinted, s.mean_unhinted, s.last_played,
+                s.last_tick, s.learnability) == (3, 0, None, None, None, None)
+        s = await mem.record_episodes(a, hinted=[1.0], unhinted=[0.0, 1.0], sandbox_failures=1)
+        assert (s.sandbox_failures, s.episodes_unhinted, s.mean_unhinted) == (4, 2, 0.5)
+        assert s.last_tick is not None
+        with pytest.raises(ValueError, match="no episodes to record"):
+            await mem.record_episodes(a)
+        b = (await mem.insert(_env(2))).id
+        await mem.record_episodes(b, sandbox_failures=2, params={"n": 1})
+        assert (await mem.get(b)).stats.sandbox_failures == 2
+        summary = await mem.summary()
+    assert summary.sandbox_failing == {"envs": 2, "never_scored": 1}
+    assert summary.played == 1  # b failed every episode: it was never played

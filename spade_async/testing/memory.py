@@ -18,6 +18,8 @@ class DictMemory:
     plays: list[tuple[str, list[float], list[float], EnvRegret, bool]] = field(default_factory=list)
     replay_ids: list[str] = field(default_factory=list)
     params_played: list[dict] = field(default_factory=list)
+    failures_recorded: list[tuple[str, int, dict]] = field(default_factory=list)
+    sandbox_failures: list[int] = field(default_factory=list)  # per recorded play
 
     async def examples(self, query: str, k: int) -> list[str]:
         accepted = [e["code"] for e in self.envs.values() if e["status"] == "accepted"]
@@ -40,9 +42,13 @@ class DictMemory:
                                       "policy_version": policy_version})
         return status, env_id if status is DesignStatus.ACCEPTED else None, reason
 
+    async def record_failures(self, env_id, n, params=None):
+        self.failures_recorded.append((env_id, n, dict(params or {})))
+
     async def record_play(self, env_id, unhinted, hinted, regret, replayed, params=None,
-                          hint_copies=None):
+                          hint_copies=None, sandbox_failures=0):
         self.plays.append((env_id, unhinted, hinted, regret, replayed))
+        self.sandbox_failures.append(sandbox_failures)
         self.params_played.append(dict(params or {}))
 
     async def variants(self, env_id):
