@@ -14,14 +14,21 @@ from typer.testing import CliRunner
 from memory_db import SCHEMA_VERSION, MemoryConfig, NewEnv, open_memory
 from memory_db.schema import meta_rows
 from spade_async.chat_tokens import ChatTokens
-from spade_async.config import EndpointConfig, PoolConfig, RegretConfig, RolloutConfig, SandboxConfig
+from spade_async.config import (
+    EndpointConfig,
+    PoolConfig,
+    RegretConfig,
+    RolloutConfig,
+    SandboxConfig,
+)
 from spade_async.endpoints.pool import EndpointPool
 from spade_async.episode import play_in_sandbox
 from spade_async.regret import env_regret
 from spade_async.sandbox.runtime import Sandbox
 from spade_async.testing.fake_openai import FakeOpenAIServer
 
-# Validation cannot see this leak: the word is in the hint, but spelled backwards.
+# A leaking hint, played here without validation (which would reject it as hint_leak): the
+# play-time measure is what catches leaks validation could not see.
 MAGIC = '''
 import random
 
