@@ -593,6 +593,9 @@ def summary(cfg: SpadeConfig, d: RunData) -> dict[str, Any]:
                    "accepted": sum(e.get("status") == "accepted" for e in d.envs),
                    "error": d.memory_error},
         "episodes": len(d.episodes),
+        # failed on the endpoint or in the sandbox: never scores, counted here by kind
+        "episodes_failed": dict(Counter(e.get("error_kind") or "unknown" for e in d.episodes
+                                        if e.get("error"))),
         "episode_versions": sorted({int(e.get("policy_version", 0)) for e in d.episodes}),
         "envs_played": len(d.plays),
         "regret_mean": round(sum(regrets) / len(regrets), 4) if regrets else None,

@@ -45,7 +45,9 @@ def _fill(tmp: Path) -> None:
         for i in range(40)])
     _write_jsonl(run / "episodes.jsonl", [
         {"time": t0 + 5 * i, "hinted": i % 3 == 0, "score": float(rng.random() < 0.5),
-         "policy_version": i // 20, "error": None} for i in range(60)])
+         "policy_version": i // 20,
+         **({"error": "step 1: boom", "error_kind": "sandbox_error"} if i in (7, 8)
+            else {"error": None})} for i in range(60)])
     _write_jsonl(run / "plays.jsonl", [
         {"time": t0 + 30 * i, "env_id": f"e{i}", "replayed": i % 2 == 1,
          "regret": rng.random() * 0.6, "policy_version": i // 5,
@@ -83,6 +85,7 @@ def test_report_renders_every_plot_from_a_runs_files(tmp_path):
     assert s["rejected_by_reason"] == {"static.parse": 10, "no_code": 10, "sandbox.reset": 10}
     assert s["memory"] == {"stored": 12, "accepted": 8, "error": None}
     assert s["trainer_steps"] == 6 and s["versions_published"] == [1, 3, 5]
+    assert s["episodes_failed"] == {"sandbox_error": 2}
     assert s["hint_leak"] == {"plays": 8, "flagged": 1, "mean": 0.125,
                               "flagged_share_by_quarter": [0.0, 0.0, 0.5, 0.0]}
     page = (out / "index.html").read_text()
