@@ -24,6 +24,7 @@ import asyncio
 import concurrent.futures
 import http
 import json
+import signal
 import threading
 import time
 from collections import Counter
@@ -751,6 +752,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         faults = [_parse_fault(s, args.count, args.duration, paths) for s in args.fault]
     except ValueError as exc:
         ap.error(str(exc))
+    # Ctrl-C stops it even when started with SIGINT ignored (a background job of a
+    # non-interactive shell inherits SIG_IGN, and Python then installs no handler)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     with FaultProxy(args.upstream, args.port) as proxy:
         print(f"fault proxy on {proxy.base_url} -> {proxy.upstream}", flush=True)
         for fault in faults:
