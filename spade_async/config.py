@@ -67,8 +67,103 @@ class EndpointConfig(_Strict):
     min_tokens_per_s: float = Field(
         1.0, gt=0, description="the slowest decode speed per request this endpoint is waited "
         "for until its speed is measured: an attempt asking N tokens gets N / this seconds")
-    api_key: str | None = None
+    group: str = Field("default", min_length=1, description="the endpoint group roles name "
+                       "([roles.*].group): e.g. a local vLLM group for the trained agent and a "
+                       "hosted group for a frozen designer")
+    api_key_env: str | None = Field(
+        None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", description="name of the environment "
+        "variable holding this endpoint's API key (the key itself is never in a config, a log "
+        "or the run directory)")
+    api_key_header: str = Field(
+        "Authorization", min_length=1, description="header the key goes in: Authorization "
+        "sends 'Bearer <key>'; any other header (e.g. api-key) sends the key as is")
+    headers: dict[str, str] = Field(default_factory=dict, description="extra headers sent on "
+                                    "every request (not secrets: they are written to the run's "
+                                    "resolved config; put secrets in api_key_env)")
     weight_swap: WeightSwap = Field(default_factory=VllmLoraSwap)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_inline_key(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "api_key" in data:
+            raise ValueError(
+                f"endpoint '{data.get('name', '?')}': api_key is not read from a config (it "
+                "would be copied into the run directory); put the key in an environment "
+                "variable and name it in api_key_env")
+        return data
+
+    def api_key(self, environ: dict[str, str] | None = None) -> str | None:
+        """The key from `api_key_env`; ConfigError when the variable is named but unset."""
+        if self.api_key_env is None:
+            return None
+        value = (os.environ if environ is None else environ).get(self.api_key_env)
+        if not value:
+            raise ConfigError(f"endpoint '{self.name}': the environment variable "
+                              f"{self.api_key_env} (api_key_env) is not set")
+        return value
+
+    def request_headers(self) -> dict[str, str]:
+        """Headers for every request: the custom ones and the key."""
+        out = dict(self.headers)
+        key = self.api_key()
+        if key is not None:
+            out[self.api_key_header] = (f"Bearer {key}" if self.api_key_header.lower()
+                                        == "authorization" else key)
+        return out
+
+
+RolePath = Literal["auto", "tokens", "chat"]
+
+
+class RoleConfig(_Strict):
+    """Which endpoints one role sends its requests to, under which model name, by which path."""
+
+    group: str = Field("default", min_length=1, description="endpoint group (endpoints.group)")
+    model: str | None = Field(None, description="model name to request. None: the trained "
+                              "policy (its newest version, or the version under evaluation)")
+    path: RolePath = Field(
+        "auto", description="tokens: /v1/completions with token-id prompts, returned ids and "
+        "log-probs (vLLM; what training needs). chat: /v1/chat/completions with text (any "
+        "OpenAI-compatible server). auto: tokens where the group's endpoints have it, else chat")
+
+
+class RolesConfig(_Strict):
+    """The three roles (DESIGN §5). The default is SPADE's one model: every role on the
+    `default` group, the designer and evaluation being the trained policy itself."""
+
+    agent: RoleConfig = Field(default_factory=RoleConfig)
+    designer: RoleConfig = Field(default_factory=RoleConfig)
+    eval: RoleConfig = Field(default_factory=RoleConfig)
+
+    @model_validator(mode="after")
+    def _policy_roles(self) -> RolesConfig:
+        if self.agent.model is not None:
+            raise ValueError("roles.agent.model must be unset: the agent is the trained policy "
+                             "(its versions are named by the weight-swap backend)")
+        if self.agent.path == "chat":
+            raise ValueError("roles.agent.path cannot be chat: training needs the exact token "
+                             "ids and behaviour log-probs only the tokens path returns")
+        if self.designer.model is None:
+            if self.designer.group != self.agent.group:
+                raise ValueError(
+                    f"roles.designer.group ({self.designer.group}) differs from the agent's "
+                    f"({self.agent.group}) but roles.designer.model is unset (the trained "
+                    "policy, served only by the agent's endpoints): name the designer's model "
+                    "to make it a frozen designer, or put it on the agent's group")
+            if self.designer.path == "chat":
+                raise ValueError("roles.designer.path cannot be chat while the designer is the "
+                                 "trained policy (model unset): its designs are trained on")
+        if self.eval.model is None and self.eval.group != self.agent.group:
+            raise ValueError(
+                f"roles.eval.group ({self.eval.group}) differs from the agent's "
+                f"({self.agent.group}) but roles.eval.model is unset (the policy versions, "
+                "served only by the agent's endpoints): name the model to evaluate there")
+        return self
+
+    @property
+    def frozen_designer(self) -> bool:
+        """The designer is another model: its samples are not trained on."""
+        return self.designer.model is not None
 
 
 class PoolConfig(_Strict):
@@ -90,6 +185,11 @@ class PoolConfig(_Strict):
         "tokens asked at the current load; never below request_timeout_s")
     speed_window: int = Field(64, ge=4, description="successful generations the speed "
                               "estimate is taken over")
+    probe_timeout_s: float = Field(60.0, gt=0, description="deadline of each capability "
+                                   "probe request (a few tokens each)")
+    retry_after_max_s: float = Field(
+        120.0, gt=0, description="the longest wait a 429's Retry-After is honoured for (a "
+        "hosted API's rate limit); the endpoint takes no requests until then")
 
 
 class PathsConfig(_Strict):
@@ -341,6 +441,7 @@ class SpadeConfig(_Strict):
     paths: PathsConfig = Field(default_factory=PathsConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
     endpoints: list[EndpointConfig] = Field(default_factory=list)
+    roles: RolesConfig = Field(default_factory=RolesConfig)
     pool: PoolConfig = Field(default_factory=PoolConfig)
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
     validation: ValidationConfig = Field(default_factory=ValidationConfig)
@@ -375,10 +476,23 @@ class SpadeConfig(_Strict):
         return data
 
     @model_validator(mode="after")
+    def _roles_have_endpoints(self) -> SpadeConfig:
+        if not self.endpoints:
+            return self
+        groups = {e.group for e in self.endpoints}
+        for role in ("agent", "designer", "eval"):
+            g = getattr(self.roles, role).group
+            if g not in groups:
+                raise ValueError(f"roles.{role}.group '{g}' names no endpoint (groups: "
+                                 f"{', '.join(sorted(groups))}); set endpoints.group")
+        return self
+
+    @model_validator(mode="after")
     def _sampling_matches_training(self) -> SpadeConfig:
         t = sampling_temperature(self)
-        if self.daemon.mode == "spade" and self.daemon.designer_temperature != t and (
-                self.daemon.designer_temperature > 0 and t > 0):
+        if (self.daemon.mode == "spade" and not self.roles.frozen_designer
+                and self.daemon.designer_temperature != t
+                and self.daemon.designer_temperature > 0 and t > 0):
             raise ValueError(
                 f"rollout.temperature ({t}) and daemon.designer_temperature "
                 f"({self.daemon.designer_temperature}) differ: both roles' samples train one "

@@ -39,6 +39,7 @@ from spade_async.corpus import Chunk, CorpusSampler
 from spade_async.designer import Design, design
 from spade_async.edit import VariantView, candidate_params, propose_edit
 from spade_async.endpoints.pool import EndpointError, EndpointPool
+from spade_async.endpoints.roles import ROLES, group_has, role_route
 from spade_async.envs.contract import ContractError, EnvMeta, easiest_point, resolve_params
 from spade_async.envs.validate import ValidationReport, validate
 from spade_async.episode import Episode, play_in_sandbox
@@ -219,6 +220,8 @@ class Daemon:
         self._metas: dict[str, EnvMeta] = {}  # env id -> what it says about itself (knobs)
         self._knob_families: tuple[float, list[StoredEnv]] = (-1e9, [])
         self._vocab: TokenBytes | None = None
+        # who designs, plays and evaluates where, and by which path (DESIGN §5)
+        self.routes = {r: role_route(cfg, r) for r in ROLES}
 
     # ---- the loop --------------------------------------------------------------------------
 
@@ -549,14 +552,18 @@ class Daemon:
         dcfg = self.cfg.daemon
         self.in_flight["designs"] += 1
         self.policy.refresh()
+        route = self.routes["designer"]
         try:
             d = await propose_edit(
                 self.pool, self.chat, self._vocabulary(), env_id=parent.env_id,
                 name=meta.name, description=meta.description, specs=meta.params,
                 current=current, played=played, candidates=candidates,
-                signal=self.cfg.regret.signal, model=self.policy.model,
+                signal=self.cfg.regret.signal, model=route.model or self.policy.model,
                 policy_version=self.policy.version, temperature=dcfg.designer_temperature,
-                deadline_s=self.cfg.rollout.request_deadline_s)
+                deadline_s=self.cfg.rollout.request_deadline_s, path=route.path,
+                group=route.group,
+                structured=route.path == "chat" and group_has(self.pool, route.group,
+                                                               "structured"))
         except EndpointError as exc:
             self.failures.count("edit", exc.kind, exc, env_id=parent.env_id)
             group.request_failures.append(exc.kind)
@@ -571,7 +578,7 @@ class Daemon:
         vid = None
         if d.params is None:
             status, reason = DesignStatus.INVALID, f"edit.answer: {d.error}"
-            if d.allowed is None:  # the server's constraint is not ours: no honest sample
+            if d.allowed is None and d.trainable:  # the server's constraint is not ours
                 group.untrainable.add(d.design_id)
                 self.counters["edit_constraint_mismatch"] += 1
         else:
@@ -597,17 +604,17 @@ class Daemon:
             self.metrics.rejections.labels(key).inc()
         self.counters[f"designs_{status.value}"] += 1
         self.metrics.designs.labels(status.value).inc()
-        self.metrics.tokens.labels("designer").inc(len(d.token_ids) - d.prompt_len)
+        self.metrics.tokens.labels("designer").inc(d.completion_tokens)
         log.info("edit", env_id=parent.env_id, parent=parent.variant_id, params=d.params,
                  status=status.value, reason=reason or None)
         await self._append("designs", {
             "time": time.time(), "design_id": d.design_id, "doc_id": d.doc_id,
             "chunk_id": group.label, "policy_version": d.policy_version,
             "status": status.value, "reason": reason.split(":")[0] if reason else "",
-            "env_id": parent.env_id, "completion_tokens": len(d.token_ids) - d.prompt_len,
+            "env_id": parent.env_id, "completion_tokens": d.completion_tokens,
             "progress": report.progress if report is not None else 0.0, "move": "edit",
             "parent": parent.variant_id, "params": d.params, "variant_id": vid,
-            "family": meta.name})
+            "family": meta.name, "path": d.path, "model": d.model})
 
     async def _document(self, chunk: Chunk, send_env, limiter: anyio.Semaphore) -> None:
         group = DocGroup(chunk, label=chunk.chunk_id)
@@ -703,14 +710,16 @@ class Daemon:
         dcfg, chunk = self.cfg.daemon, group.chunk
         self.in_flight["designs"] += 1
         self.policy.refresh()  # a retried document designs with the newest policy
+        route = self.routes["designer"]
         try:
             d = await design(
                 self.pool, self.chat, doc_id=chunk.doc_id, chunk_id=chunk.chunk_id,
-                excerpt=chunk.text, examples=examples, model=self.policy.model,
+                excerpt=chunk.text, examples=examples, model=route.model or self.policy.model,
                 policy_version=self.policy.version, max_tokens=dcfg.designer_max_tokens,
                 temperature=dcfg.designer_temperature, prefill=dcfg.designer_prefill,
                 max_seq_len=self.cfg.rollout.max_seq_len,
-                deadline_s=self.cfg.rollout.request_deadline_s,
+                deadline_s=self.cfg.rollout.request_deadline_s, path=route.path,
+                group=route.group,
             )
         except EndpointError as exc:
             self.failures.count("design", exc.kind, exc, chunk=chunk.chunk_id)
@@ -740,7 +749,7 @@ class Daemon:
             group.checks_passed[d.design_id] = report.progress
         self.counters[f"designs_{status.value}"] += 1
         self.metrics.designs.labels(status.value).inc()
-        self.metrics.tokens.labels("designer").inc(len(d.token_ids) - d.prompt_len)
+        self.metrics.tokens.labels("designer").inc(d.completion_tokens)
         if status is DesignStatus.ACCEPTED:
             group.env_of[d.design_id] = env_id or ""
             self.counters["moves_write_accepted"] += 1
@@ -754,10 +763,11 @@ class Daemon:
             "time": time.time(), "design_id": d.design_id, "doc_id": chunk.doc_id,
             "chunk_id": chunk.chunk_id, "policy_version": d.policy_version,
             "status": status.value, "reason": reason.split(":")[0] if reason else "",
-            "env_id": env_id, "completion_tokens": len(d.token_ids) - d.prompt_len,
+            "env_id": env_id, "completion_tokens": d.completion_tokens,
             "progress": report.progress if report is not None else 0.0, "move": "write",
             "parent": None, "params": None, "variant_id": None,
-            "family": report.meta.name if report is not None and report.meta else None})
+            "family": report.meta.name if report is not None and report.meta else None,
+            "path": d.path, "model": d.model})
 
     # ---- playing ---------------------------------------------------------------------------
 
@@ -914,7 +924,8 @@ class Daemon:
             return await play_in_sandbox(self.sandbox, job.code, self.pool, self.chat,
                                          env_id=job.env_id, seed=seed, hinted=hinted,
                                          model=model, policy_version=version,
-                                         cfg=self.cfg.rollout, params=job.params)
+                                         cfg=self.cfg.rollout, params=job.params,
+                                         group=self.routes["agent"].group)
         except (SandboxError, EndpointError) as exc:
             return Episode(f"ep-{uuid.uuid4().hex[:12]}", job.env_id, seed, hinted, version,
                            model, error=f"{type(exc).__name__}: {exc}",
@@ -961,16 +972,21 @@ class Daemon:
         designs = [d for d in group.designs
                    if group.env_of.get(d.design_id) not in group.unscored
                    and d.design_id not in group.untrainable]
+        if not self.routes["designer"].trained:
+            # A frozen designer (another model): its designs are rewarded in the logs and the
+            # memory, but never trained on; the agent's samples go as usual.
+            self.counters["designer_samples_frozen"] += len(designs)
+            designs = []
         rewards = []
         for d in designs:
             st = group.status[d.design_id]
             rewards.append(design_reward(st, group.regrets.get(group.env_of.get(d.design_id, "")),
                                          self.cfg.regret, group.checks_passed.get(d.design_id, 0)))
         samples = list(group.agent_samples)
-        adv = group_advantages(rewards, self.cfg.regret.advantage_eps)
-        if adv is None:
+        adv = group_advantages(rewards, self.cfg.regret.advantage_eps) if designs else None
+        if adv is None and designs:
             self.counters["designer_groups_zero_variance"] += 1
-        else:
+        elif adv is not None:
             for d, a, r in zip(designs, adv, rewards, strict=True):
                 samples.append(Sample(
                     sample_id=d.design_id, role="designer",
@@ -1046,6 +1062,7 @@ class Daemon:
             "env_queue_depth": self._queue_depth(),
             "env_queue_size": self.cfg.daemon.env_queue,
             "endpoints": endpoints,
+            "roles": {r: route.as_dict() for r, route in self.routes.items()},
             "regret": regret_distribution(regrets),
             "stopping": self._stopping,
             "stopped": self._stopped,

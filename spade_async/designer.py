@@ -59,6 +59,13 @@ class Design:
     params: dict[str, Any] | None = None
     allowed: list[list[int]] | None = None  # per sampled token, under a choice constraint
     error: str = ""  # why an edit has no params
+    path: str = "tokens"  # tokens (ids and log-probs: trainable) or chat (text: a frozen
+    # designer on any OpenAI-compatible server)
+    completion_tokens: int = 0  # sampled, whichever path
+
+    @property
+    def trainable(self) -> bool:
+        return self.path == "tokens" and bool(self.token_ids)
 
 
 def designer_messages(excerpt: str, examples: list[str]) -> list[dict[str, str]]:
@@ -112,9 +119,23 @@ async def design(
     max_seq_len: int,
     deadline_s: float | None,
     prefill: str = "",
+    path: str = "tokens",
+    group: str | None = None,
 ) -> Design:
     """`prefill` opens the reply (e.g. a code fence): its tokens end the prompt (mask 0), and
-    the text the code is extracted from is prefill + what the model wrote."""
+    the text the code is extracted from is prefill + what the model wrote. On the chat path
+    (`path="chat"`: a frozen designer, any OpenAI-compatible server) the messages go as text
+    and the reply is text only: no ids, no sample; `prefill` is asked for in words, since a
+    chat API cannot open the assistant's turn."""
+    if path == "chat":
+        messages = designer_messages(excerpt, examples)
+        out = await pool.chat(messages, model=model, max_tokens=max_tokens,
+                              temperature=temperature, deadline_s=deadline_s,
+                              token_level=False, group=group)
+        return Design(
+            design_id=f"d-{uuid.uuid4().hex[:12]}", doc_id=doc_id, chunk_id=chunk_id,
+            policy_version=policy_version, model=model, text=out.text,
+            code=extract_code(out.text), path="chat", completion_tokens=out.completion_tokens)
     head = chat.encode(prefill) if prefill else []
 
     def build(examples: list[str]) -> list[int]:
@@ -127,7 +148,7 @@ async def design(
         prompt = build(examples)
         budget = min(max_tokens, max_seq_len - len(prompt))
     out = await pool.complete(prompt, model=model, max_tokens=max(budget, 1),
-                              temperature=temperature, deadline_s=deadline_s)
+                              temperature=temperature, deadline_s=deadline_s, group=group)
     text = prefill + chat.decode(out.token_ids)
     return Design(
         design_id=f"d-{uuid.uuid4().hex[:12]}", doc_id=doc_id, chunk_id=chunk_id,
@@ -135,4 +156,5 @@ async def design(
         prompt_len=len(prompt), token_ids=list(prompt) + list(out.token_ids),
         loss_mask=[0] * len(prompt) + [1] * len(out.token_ids),
         logprobs=[0.0] * len(prompt) + list(out.logprobs),
+        completion_tokens=len(out.token_ids),
     )

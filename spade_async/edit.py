@@ -135,18 +135,27 @@ async def propose_edit(pool: EndpointPool, chat: ChatTokens, vocab: TokenBytes, 
                        current: dict[str, Any], played: Sequence[VariantView],
                        candidates: Sequence[dict[str, Any]], signal: str, model: str,
                        policy_version: int, temperature: float,
-                       deadline_s: float | None) -> Design:
+                       deadline_s: float | None, path: str = "tokens",
+                       group: str | None = None, structured: bool = False) -> Design:
     """One edit: the model picks among `candidates` under a choice constraint. The Design's
     `params` is the chosen setting (None when the reply was cut short or broke the
     constraint: an invalid design, as a module that does not parse is), and `allowed` holds
-    the constraint's allowed ids per sampled token."""
+    the constraint's allowed ids per sampled token. On the chat path (a frozen designer) the
+    choice is a JSON-schema enum where the server has structured outputs (`structured`), else
+    the reply is matched against the options; no ids, no sample."""
     options = [render_params(c) for c in candidates]
+    if path == "chat":
+        return await _propose_edit_chat(
+            pool, env_id=env_id, options=options, candidates=candidates, model=model,
+            messages=edit_messages(name, description, specs, current, played, options, signal),
+            policy_version=policy_version, temperature=temperature, deadline_s=deadline_s,
+            group=group, structured=structured)
     prompt = chat.prompt_ids(edit_messages(name, description, specs, current, played, options,
                                            signal))
     # Every option spelled one byte per token, plus the stop token: the answer always fits.
     budget = max(len(o.encode()) for o in options) + 2
     out = await pool.complete(prompt, model=model, max_tokens=budget, temperature=temperature,
-                              deadline_s=deadline_s,
+                              deadline_s=deadline_s, group=group,
                               extra={"structured_outputs": {"choice": options}})
     sampled = list(out.token_ids)
     params: dict[str, Any] | None = None
@@ -168,4 +177,48 @@ async def propose_edit(pool: EndpointPool, chat: ChatTokens, vocab: TokenBytes, 
         loss_mask=[0] * len(prompt) + [1] * len(sampled),
         logprobs=[0.0] * len(prompt) + list(out.logprobs),
         move="edit", parent=env_id, params=params, allowed=allowed, error=error,
+        completion_tokens=len(sampled),
     )
+
+
+def match_option(reply: str, options: Sequence[str]) -> str | None:
+    """The option a free-text reply names: a JSON string holding one, the reply itself, or
+    the only option found inside it (compared without spaces)."""
+    text = reply.strip()
+    try:
+        loaded = json.loads(text)
+        if isinstance(loaded, str):
+            text = loaded.strip()
+        elif isinstance(loaded, dict):
+            text = render_params(loaded)
+    except ValueError:
+        pass
+    squash = {"".join(o.split()): o for o in options}
+    flat = "".join(text.split())
+    if flat in squash:
+        return squash[flat]
+    found = [o for k, o in squash.items() if k in flat]
+    return found[0] if len(found) == 1 else None
+
+
+async def _propose_edit_chat(pool: EndpointPool, *, env_id: str, options: list[str],
+                             candidates: Sequence[dict[str, Any]], model: str,
+                             messages: list[dict[str, str]], policy_version: int,
+                             temperature: float, deadline_s: float | None, group: str | None,
+                             structured: bool) -> Design:
+    extra = None
+    if structured:
+        schema = {"type": "string", "enum": options}
+        extra = {"response_format": {"type": "json_schema",
+                                     "json_schema": {"name": "settings", "schema": schema}}}
+    budget = 2 * max(len(o) for o in options) + 16
+    out = await pool.chat(messages, model=model, max_tokens=budget, temperature=temperature,
+                          deadline_s=deadline_s, token_level=False, group=group, extra=extra)
+    pick = match_option(out.text, options)
+    return Design(
+        design_id=f"e-{uuid.uuid4().hex[:12]}", doc_id=f"edit:{env_id}", chunk_id=env_id,
+        policy_version=policy_version, model=model, text=out.text, code=None,
+        move="edit", parent=env_id, path="chat", completion_tokens=out.completion_tokens,
+        params=None if pick is None else dict(candidates[options.index(pick)]),
+        error="" if pick is not None else f"the reply names none of the options: "
+                                          f"{out.text.strip()[:80]!r}")

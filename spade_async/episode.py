@@ -67,10 +67,16 @@ class Episode:
     # a hinted episode won by copying the hint: the share of its actions found in the hint
     # when it scored full marks, else 0 (hint_leak.play_leak); None when unhinted
     hint_copy: float | None = None
+    path: str = "tokens"  # tokens (ids, trainable) or chat (text: evaluation only)
+    chat_completion_tokens: int = 0  # what the server reported sampling, on the chat path
 
     @property
     def sampled_tokens(self) -> int:
         return sum(self.loss_mask)
+
+    @property
+    def generated_tokens(self) -> int:
+        return self.sampled_tokens or self.chat_completion_tokens
 
     def as_record(self, chat: ChatTokens | None = None) -> dict[str, Any]:
         """What gets saved for inspection (the transcript, not the ids)."""
@@ -82,18 +88,23 @@ class Episode:
         for k in ("hint", "hint_copy"):
             if rec[k] is None:
                 rec.pop(k)
+        if rec["path"] == "tokens":  # records of the tokens path stay as they were
+            rec.pop("path")
+            rec.pop("chat_completion_tokens")
         rec["sampled_tokens"] = self.sampled_tokens
         rec["sequence_tokens"] = len(self.token_ids)
         return rec
 
 
-def agent_system_prompt(meta: EnvMeta, hint: str | None) -> str:
+def agent_system_prompt(meta: EnvMeta, hint: str | None, *, native_tools: bool = False) -> str:
+    """With `native_tools` the server presents the tools (the chat path's `tools`), so the
+    prompt does not describe them."""
     parts = [
         "You are the agent in an interactive text environment. Each reply you write is one "
         f"action, sent to the environment as is. You have at most {meta.max_turns} actions.",
         f"Task: {meta.description}",
     ]
-    if meta.tools:
+    if meta.tools and not native_tools:
         tools = [{"name": t["function"]["name"],
                   "description": t["function"].get("description", ""),
                   "parameters": t["function"].get("parameters", {})} for t in meta.tools]
@@ -132,6 +143,7 @@ async def run_episode(
     cfg: RolloutConfig,
     params: dict[str, Any] | None = None,
     request_seed: int | None = None,
+    group: str | None = None,
 ) -> Episode:
     """Play one episode. `params` (a variant's knobs) go to `env.reset`, which fills in the
     defaults; with None, reset is called as `reset(seed)`, so sessions without knobs (BFCL's)
@@ -164,7 +176,7 @@ async def run_episode(
                                       temperature=cfg.temperature, top_p=cfg.top_p,
                                       seed=None if request_seed is None
                                       else request_seed + turn - 1,
-                                      deadline_s=cfg.request_deadline_s)
+                                      deadline_s=cfg.request_deadline_s, group=group)
             if list(out.prompt_token_ids) != ep.token_ids:
                 raise TokenMismatch(f"{out.endpoint} echoed a different prompt than it was sent "
                                     f"({len(out.prompt_token_ids)} vs {len(ep.token_ids)} ids)",
@@ -206,6 +218,88 @@ async def run_episode(
     return ep
 
 
+async def run_episode_chat(
+    env: EnvSession,
+    pool: EndpointPool,
+    *,
+    env_id: str,
+    seed: int,
+    hint: str | None,
+    model: str,
+    policy_version: int,
+    cfg: RolloutConfig,
+    params: dict[str, Any] | None = None,
+    group: str | None = None,
+    native_tools: bool = False,
+) -> Episode:
+    """Play one episode on the chat path (any OpenAI-compatible server): messages as text, the
+    server's own chat template, no token ids, so nothing here can be trained on (evaluation,
+    or a frozen model). With `native_tools` the environment's tools go as the request's
+    `tools` and a returned tool call is the action (its result comes back as a `tool`
+    message); otherwise a tool call is the JSON text the prompt describes, as on the tokens
+    path. Errors and deadlines are handled as in `run_episode`."""
+    meta = env.meta
+    ep = Episode(f"ep-{uuid.uuid4().hex[:12]}", env_id, seed, hint is not None, policy_version,
+                 model, params=None if params is None else dict(params), path="chat")
+    rewards: list[float] = []
+    tools = list(meta.tools) if native_tools and meta.tools else None
+    with anyio.move_on_after(cfg.episode_deadline_s) as scope:
+        try:
+            first = await (env.reset(seed) if params is None else env.reset(seed, params))
+        except SandboxError as exc:
+            ep.error, ep.error_kind = f"reset: {exc}", f"sandbox_{exc.kind}"
+            return ep
+        ep.first_observation = first.observation
+        messages: list[dict[str, Any]] = [
+            {"role": "system", "content": agent_system_prompt(meta, hint,
+                                                              native_tools=tools is not None)},
+            {"role": "user", "content": first.observation}]
+        for turn in range(1, meta.max_turns + 1):
+            out = await pool.chat(messages, model=model, max_tokens=cfg.max_tokens_per_turn,
+                                  temperature=cfg.temperature, token_level=False, tools=tools,
+                                  group=group, deadline_s=cfg.request_deadline_s)
+            ep.chat_completion_tokens += out.completion_tokens
+            call = out.tool_calls[0] if out.tool_calls else None
+            if call is not None:
+                action = tool_call_action(call["name"] or "", call["arguments"])
+                messages.append({"role": "assistant", "content": out.text or None,
+                                 "tool_calls": [{"id": call["id"], "type": "function",
+                                                 "function": {"name": call["name"],
+                                                              "arguments": json.dumps(
+                                                                  call["arguments"])}}]})
+            else:
+                action = to_action(out.text)
+                messages.append({"role": "assistant", "content": out.text})
+            try:
+                res = await env.step(action)
+            except SandboxError as exc:
+                ep.error, ep.error_kind = f"step {turn}: {exc}", f"sandbox_{exc.kind}"
+                ep.turns.append(Turn(action, "", 0.0, out.completion_tokens, out.finish_reason))
+                break
+            rewards.append(res.reward)
+            ep.turns.append(Turn(action, res.observation, res.reward, out.completion_tokens,
+                                 out.finish_reason))
+            if res.done:
+                ep.terminated, ep.truncated = res.terminated, res.truncated
+                break
+            if turn == meta.max_turns:
+                ep.truncated = True
+                break
+            messages.append({"role": "tool", "tool_call_id": call["id"],
+                             "content": res.observation} if call is not None
+                            else {"role": "user", "content": res.observation})
+    ep.score = episode_score(rewards)
+    if hint is not None:
+        ep.hint = hint
+        ep.hint_copy = (play_leak(hint, [t.action for t in ep.turns])
+                        if ep.score >= 1.0 - 1e-9 else 0.0)
+    if scope.cancelled_caught:
+        ep.error = f"the episode exceeded its {cfg.episode_deadline_s:g}s deadline"
+        ep.error_kind = "deadline"
+        ep.truncated = True
+    return ep
+
+
 async def play_in_sandbox(
     sandbox: Sandbox,
     code: str,
@@ -219,6 +313,7 @@ async def play_in_sandbox(
     policy_version: int,
     cfg: RolloutConfig,
     params: dict[str, Any] | None = None,
+    group: str | None = None,
 ) -> Episode:
     """One episode of `code` (at `params`, a variant's knobs) in a fresh sandbox worker. A
     hinted episode reads this seed's hint first and plays with it in the system prompt
@@ -231,4 +326,4 @@ async def play_in_sandbox(
             hint = await env.hint()
         return await run_episode(env, pool, chat, env_id=env_id, seed=seed, hint=hint,
                                  model=model, policy_version=policy_version, cfg=cfg,
-                                 params=params)
+                                 params=params, group=group)

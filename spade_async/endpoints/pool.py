@@ -23,6 +23,8 @@ Responses keep the server's exact token ids and behaviour log-probs (vLLM's `log
 
 from __future__ import annotations
 
+import email.utils
+import json
 import math
 import random
 import time
@@ -36,6 +38,7 @@ import httpx
 from anyio.abc import TaskStatus
 
 from spade_async.config import EndpointConfig, PoolConfig
+from spade_async.endpoints.capabilities import Capabilities, ProbeUnanswered, probe_capabilities
 from spade_async.logs import get_logger
 
 log = get_logger("pool")
@@ -134,9 +137,29 @@ class EndpointDeadlineExceeded(EndpointUnavailable):
 
 
 class _Retryable(Exception):
-    def __init__(self, kind: type[EndpointUnavailable], reason: str, status: int = 0) -> None:
+    def __init__(self, kind: type[EndpointUnavailable], reason: str, status: int = 0,
+                 retry_after: float | None = None) -> None:
         super().__init__(reason)
-        self.cls, self.reason, self.status = kind, reason, status
+        self.cls, self.reason, self.status, self.retry_after = kind, reason, status, retry_after
+
+
+def retry_after_s(value: str | None, now: float | None = None) -> float | None:
+    """Seconds a Retry-After header asks for: delta-seconds or an HTTP date; None if absent
+    or unreadable."""
+    if not value:
+        return None
+    value = value.strip()
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when is None:
+        return None
+    return max(0.0, when.timestamp() - (time.time() if now is None else now))
 
 
 class _Malformed(Exception):
@@ -156,6 +179,9 @@ class Completion:
     endpoint: str
     latency_s: float
     usage: dict[str, int] = field(default_factory=dict)
+    # native tool calls of a chat reply: ({"id", "name", "arguments": dict}, ...)
+    tool_calls: tuple[dict[str, Any], ...] = ()
+    path: str = "tokens"  # "tokens" (/v1/completions, ids) or "chat" (text)
 
     @property
     def completion_tokens(self) -> int:
@@ -175,10 +201,13 @@ class EndpointHealth:
     weight_version: str | None
     in_flight: int
     error: str | None = None
+    group: str = "default"
+    capabilities: Capabilities | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "name": self.name,
+            "group": self.group,
             "base_url": self.base_url,
             "up": self.up,
             "latency_ms": self.latency_ms,
@@ -187,6 +216,7 @@ class EndpointHealth:
             "weight_version": self.weight_version,
             "in_flight": self.in_flight,
             "error": self.error,
+            "capabilities": None if self.capabilities is None else self.capabilities.as_dict(),
         }
 
 
@@ -237,6 +267,10 @@ class _Endpoint:
         # Model ids the server lists (base + adapters); None until a probe has run: serve anything.
         self.models: frozenset[str] | None = None
         self.speed = SpeedMeter(window)
+        # What the server can do (probed once up, again after each outage); None: not yet.
+        self.caps: Capabilities | None = None
+        self.reprobe = False  # set by an outage: probe again when it is back
+        self.not_before = -math.inf  # a 429's Retry-After: no requests here until then
 
     @property
     def name(self) -> str:
@@ -281,7 +315,7 @@ class EndpointPool:
                     # bounds the connect.
                     timeout=httpx.Timeout(None, connect=min(5.0, e.request_timeout_s)),
                     limits=httpx.Limits(max_connections=e.max_concurrency + 4),
-                    headers={"Authorization": f"Bearer {e.api_key}"} if e.api_key else None,
+                    headers=e.request_headers() or None,
                     transport=transport,
                 ),
                 self.cfg.speed_window,
@@ -327,7 +361,10 @@ class EndpointPool:
         out = []
         for ep in self._endpoints:
             per_unit = ep.speed.quantile()
-            out.append({"name": ep.name, "base_url": ep.cfg.base_url, "up": ep.up,
+            out.append({"name": ep.name, "group": ep.cfg.group, "base_url": ep.cfg.base_url,
+                        "up": ep.up, "server": None if ep.caps is None else ep.caps.server,
+                        "paths": None if ep.caps is None else ep.caps.as_dict()["paths"],
+                        "rate_limited_s": round(max(0.0, ep.not_before - time.monotonic()), 1),
                         "in_flight": ep.in_flight, "max_concurrency": ep.cfg.max_concurrency,
                         "weight_swap": ep.cfg.weight_swap.type,
                         # p90 seconds per sampled token of one request alone: what the
@@ -390,13 +427,42 @@ class EndpointPool:
             refused = isinstance(exc, httpx.TransportError) and not isinstance(
                 exc, httpx.TimeoutException)
         if error is None:
+            if (ep.caps is None or ep.reprobe) and models:
+                await self._probe_capabilities(ep, models[0])
             self._mark_up(ep, frozenset(models + adapters))
             return EndpointHealth(
                 ep.name, ep.cfg.base_url, True, round(latency, 2), tuple(models), tuple(adapters),
-                version, ep.in_flight,
+                version, ep.in_flight, group=ep.cfg.group, capabilities=ep.caps,
             )
         self._mark_failed(ep, error, force_down=refused)
-        return EndpointHealth(ep.name, ep.cfg.base_url, False, None, (), (), None, ep.in_flight, error)
+        return EndpointHealth(ep.name, ep.cfg.base_url, False, None, (), (), None, ep.in_flight,
+                              error, group=ep.cfg.group, capabilities=ep.caps)
+
+    async def _probe_capabilities(self, ep: _Endpoint, model: str) -> None:
+        """Once up, and again after each outage (a restarted server may be another one)."""
+        try:
+            caps = await probe_capabilities(ep.client, model,
+                                            timeout_s=self.cfg.probe_timeout_s)
+        except ProbeUnanswered as exc:  # busy or gone: known next time
+            log.info("capability_probe_unanswered", endpoint=ep.name, reason=str(exc))
+            return
+        if ep.caps is None or ep.caps.as_dict() | {"probed_at": 0} != caps.as_dict() | {
+                "probed_at": 0}:
+            log.info("endpoint_capabilities", endpoint=ep.name, server=caps.server,
+                     paths=caps.as_dict()["paths"], tools=caps.tools,
+                     structured=caps.structured, swap=caps.as_dict()["swap"])
+        ep.caps, ep.reprobe = caps, False
+        self._notify()
+
+    def capabilities(self, name: str) -> Capabilities | None:
+        return self._get(name).caps
+
+    def models_of(self, name: str) -> frozenset[str] | None:
+        """The model ids endpoint `name` listed last (None: not probed yet)."""
+        return self._get(name).models
+
+    def group_endpoints(self, group: str) -> list[str]:
+        return [ep.name for ep in self._endpoints if ep.cfg.group == group]
 
     async def _weight_version(self, ep: _Endpoint) -> str | None:
         """vLLM reports the version set by `/update_weight_version` on `/weight_info`
@@ -423,7 +489,7 @@ class EndpointPool:
         ep.failures += 1
         ep.last_failure = time.monotonic()
         if ep.up and (force_down or ep.failures >= self.cfg.down_after_failures):
-            ep.up = False
+            ep.up, ep.reprobe = False, True
             log.warning("endpoint_down", endpoint=ep.name, reason=reason, failures=ep.failures)
 
     def _notify(self) -> None:
@@ -432,8 +498,13 @@ class EndpointPool:
 
     # ---- routing ---------------------------------------------------------------------------
 
-    def _eligible(self, ep: _Endpoint, model: str | None, now: float) -> bool:
-        if ep.in_flight >= ep.cfg.max_concurrency:
+    def _eligible(self, ep: _Endpoint, model: str | None, now: float,
+                  group: str | None = None, need: str | None = None) -> bool:
+        if ep.in_flight >= ep.cfg.max_concurrency or now < ep.not_before:
+            return False
+        if group is not None and ep.cfg.group != group:
+            return False
+        if need is not None and ep.caps is not None and not ep.caps.supports(need):
             return False
         if model is not None and ep.models is not None and model not in ep.models:
             return False
@@ -452,23 +523,45 @@ class EndpointPool:
             await self.check()
             self._models_probed_at = started
 
-    async def _acquire(self, model: str | None, exclude: set[str]) -> _Endpoint:
-        """A slot on an endpoint that serves `model`. Raises TimeoutError after
-        `wait_for_endpoint_s` without any endpoint up; while endpoints are up but every slot
-        is taken the request queues (that is back-pressure, not an outage: the request
-        deadline, if any, bounds it)."""
+    def _unable(self, group: str | None, need: str | None) -> EndpointCapabilityError | None:
+        """The error to raise when every endpoint of `group` is known to lack `need`."""
+        if need is None:
+            return None
+        members = [ep for ep in self._endpoints if group is None or ep.cfg.group == group]
+        if not members or any(ep.caps is None or ep.caps.supports(need) for ep in members):
+            return None
+        lacks = "; ".join(f"endpoint '{ep.name}' lacks " + ", ".join(ep.caps.missing(need))
+                          for ep in members if ep.caps is not None)
+        where = f"group '{group}'" if group is not None else "the pool"
+        return EndpointCapabilityError(f"no endpoint of {where} can take the {need} path: "
+                                       f"{lacks}", endpoint=members[0].name)
+
+    async def _acquire(self, model: str | None, exclude: set[str], group: str | None = None,
+                       need: str | None = None) -> _Endpoint:
+        """A slot on an endpoint of `group` (None: any) that serves `model` and has the
+        capabilities of path `need` ("tokens" or "chat"; unknown until probed counts as
+        having them). Raises TimeoutError after `wait_for_endpoint_s` without any endpoint
+        up, EndpointCapabilityError at once when every endpoint of the group is known to
+        lack the path; while endpoints are up but every slot is taken (or rate-limited) the
+        request queues (that is back-pressure, not an outage: the request deadline, if any,
+        bounds it)."""
         asked_at = time.monotonic()
         give_up_at = asked_at + self.cfg.wait_for_endpoint_s
         refreshed = False
         while True:
             now = time.monotonic()
-            candidates = [ep for ep in self._endpoints if self._eligible(ep, model, now)]
+            unable = self._unable(group, need)
+            if unable is not None:
+                raise unable
+            candidates = [ep for ep in self._endpoints
+                          if self._eligible(ep, model, now, group, need)]
             preferred = [ep for ep in candidates if ep.name not in exclude] or candidates
             if preferred:
                 ep = min(preferred, key=lambda e: (not e.up, e.load(), e.in_flight))
                 ep.in_flight += 1
                 return ep
-            up = [ep for ep in self._endpoints if ep.up]
+            up = [ep for ep in self._endpoints if ep.up
+                  and (group is None or ep.cfg.group == group)]
             if model is not None and up and all(
                 ep.models is not None and model not in ep.models for ep in up
             ):
@@ -512,12 +605,15 @@ class EndpointPool:
         deadline_s: float | None = None,
         work: Work | None = None,
         parse: Callable[[dict[str, Any], str], Any] | None = None,
+        group: str | None = None,
+        need: str | None = None,
     ) -> tuple[str, Any]:
         """POST with routing and retries; returns (endpoint name, JSON body or `parse(body,
         endpoint)`).
 
         `endpoint` pins the request to one server (admin calls such as loading an adapter);
-        otherwise `model` restricts routing to servers that serve it. `work` sizes each
+        otherwise `model` restricts routing to servers that serve it, `group` to one endpoint
+        group and `need` to servers with that path's capabilities. `work` sizes each
         attempt's timeout; `deadline_s` bounds the whole request, retries included. `parse`
         turns the body into the caller's result inside the attempt, so a malformed body is
         retried like any other transient failure.
@@ -541,10 +637,12 @@ class EndpointPool:
             for attempt in range(self.cfg.max_attempts):
                 if endpoint is not None:
                     ep = self._get(endpoint)
+                    if ep.not_before > time.monotonic():  # a pinned call honours a 429 too
+                        await anyio.sleep(ep.not_before - time.monotonic())
                     ep.in_flight += 1
                 else:
                     try:
-                        ep = await self._acquire(model, tried)
+                        ep = await self._acquire(model, tried, group, need)
                     except TimeoutError:
                         errors.append(f"no endpoint up after {self.cfg.wait_for_endpoint_s}s")
                         raise fail(NoEndpointUp, "found no endpoint") from None
@@ -561,10 +659,27 @@ class EndpointPool:
                 except _Retryable as exc:
                     last = exc
                     errors.append(f"{ep.name}: {exc.reason}")
+                    if exc.status == 429:  # up but rate-limited: no requests here until then
+                        wait = min(self.cfg.retry_after_max_s,
+                                   exc.retry_after if exc.retry_after is not None
+                                   else self._backoff(attempt))
+                        ep.not_before = time.monotonic() + wait
+                        log.info("rate_limited", endpoint=ep.name, path=path,
+                                 attempt=attempt + 1, retry_after_s=round(wait, 2))
+                        continue  # the next attempt waits in _acquire for a free endpoint
                     self._mark_failed(ep, exc.reason)
                     log.info("request_retry", endpoint=ep.name, path=path, attempt=attempt + 1,
                              reason=exc.reason)
                 except EndpointRequestError as exc:
+                    if exc.status == 404 and endpoint is None and (
+                            model is None or model not in exc.detail):
+                        # Not the model: the route itself is missing (a chat-only server
+                        # asked for /v1/completions). No retry can help.
+                        raise EndpointCapabilityError(
+                            f"endpoint '{ep.name}' has no POST {path} (HTTP 404: "
+                            f"{exc.detail}); `spade endpoints check` shows what it serves",
+                            endpoint=ep.name, attempts=attempts,
+                            elapsed_s=round(time.monotonic() - start, 3)) from None
                     if exc.status == 404 and model is not None and endpoint is None:
                         # The server no longer has the model (a restart lost an adapter the
                         # last listing showed): route again; with nobody serving it, that is
@@ -614,7 +729,7 @@ class EndpointPool:
             raise _Retryable(EndpointConnectionError, _describe(exc)) from None
         if resp.status_code == 429 or resp.status_code >= 500:
             raise _Retryable(EndpointServerError, f"HTTP {resp.status_code}: {_detail(resp)}",
-                             resp.status_code)
+                             resp.status_code, retry_after_s(resp.headers.get("retry-after")))
         if resp.status_code >= 400:
             raise EndpointRequestError(ep.name, resp.status_code, _detail(resp))
         if not resp.content:
@@ -642,21 +757,30 @@ class EndpointPool:
         stop: Sequence[str] | None = None,
         deadline_s: float | None = None,
         extra: dict[str, Any] | None = None,
+        token_level: bool = True,
+        tools: Sequence[dict[str, Any]] | None = None,
+        group: str | None = None,
     ) -> Completion:
-        """One chat completion; `model` is the base name or a LoRA adapter's name."""
+        """One chat completion; `model` is the base name or a LoRA adapter's name.
+        `token_level` asks for vLLM's ids and log-probs too (a hosted API may refuse those
+        parameters: the text path leaves them out); `tools` are OpenAI function tools, whose
+        calls come back in `Completion.tool_calls`."""
         payload: dict[str, Any] = {
             "model": model,
             "messages": list(messages),
             "max_tokens": max_tokens,
             "temperature": temperature,
-            "top_p": top_p,
-            "logprobs": True,
-            "return_token_ids": True,
         }
+        if top_p != 1.0 or token_level:
+            payload["top_p"] = top_p
+        if token_level:
+            payload.update(logprobs=True, return_token_ids=True)
         if seed is not None:
             payload["seed"] = seed
         if stop:
             payload["stop"] = list(stop)
+        if tools:
+            payload["tools"] = list(tools)
         if extra:
             payload.update(extra)
         start = time.perf_counter()
@@ -664,6 +788,7 @@ class EndpointPool:
         _, out = await self.post(
             "/v1/chat/completions", payload, model=model, deadline_s=deadline_s,
             work=Work(chars // 4, max_tokens),  # ~4 characters a token, for sizing only
+            group=group, need=None if token_level else "chat",
             parse=lambda body, name: _parse_chat(body, name, model,
                                                  time.perf_counter() - start))
         return out
@@ -679,9 +804,11 @@ class EndpointPool:
         seed: int | None = None,
         deadline_s: float | None = None,
         extra: dict[str, Any] | None = None,
+        group: str | None = None,
     ) -> Completion:
         """A completion continuing exactly `prompt_ids` (no server-side re-tokenization): the
-        token-exact path for multi-turn episodes. Returns sampled ids and their log-probs."""
+        token-exact path for multi-turn episodes. Returns sampled ids and their log-probs.
+        Only endpoints (of `group`) that have the tokens path take it."""
         payload: dict[str, Any] = {
             "model": model,
             "prompt": [int(t) for t in prompt_ids],
@@ -698,7 +825,7 @@ class EndpointPool:
         start = time.perf_counter()
         _, out = await self.post(
             "/v1/completions", payload, model=model, deadline_s=deadline_s,
-            work=Work(len(prompt_ids), max_tokens),
+            work=Work(len(prompt_ids), max_tokens), group=group, need="tokens",
             parse=lambda body, name: _parse_completion(body, name, model,
                                                        time.perf_counter() - start, prompt_ids))
         return out
@@ -761,7 +888,21 @@ def _parse_chat(body: dict[str, Any], endpoint: str, model: str, latency: float)
         raise EndpointCapabilityError(
             f"endpoint '{endpoint}' returned {len(token_ids)} token ids but {len(logprobs)} "
             "log-probs", endpoint=endpoint)
+    calls = []
+    for call in choice["message"].get("tool_calls") or ():
+        if not isinstance(call, dict):
+            continue
+        fn = call.get("function") or {}
+        args = fn.get("arguments")
+        if isinstance(args, str):
+            try:
+                args = json.loads(args or "{}")
+            except ValueError:
+                args = {"_unparsed": args}
+        calls.append({"id": call.get("id") or f"call_{len(calls)}", "name": fn.get("name"),
+                      "arguments": args if isinstance(args, dict) else {}})
     return Completion(
+        tool_calls=tuple(calls), path="chat",
         text=text,
         token_ids=token_ids,
         logprobs=logprobs,

@@ -221,7 +221,7 @@ class NcclSwapper(WeightSwapper):
 
     async def _world_size(self) -> int:
         cfg = self.pool.config(self.endpoint)
-        headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else None
+        headers = cfg.request_headers()
         try:
             with anyio.fail_after(min(self.timeout_s, cfg.request_timeout_s)):
                 async with httpx.AsyncClient(base_url=cfg.base_url.rstrip("/"), headers=headers,

@@ -51,26 +51,58 @@ class TaskResult:
 
 
 class EvalPolicy:
-    """One policy version as the endpoints serve it, decoding greedily. Every call renders the
-    whole conversation with the chat template (evaluation needs no token-exact sequences)."""
+    """One policy version (or, with roles.eval.model, another model) as the endpoints serve
+    it, decoding greedily. On the tokens path every call renders the whole conversation with
+    our chat template and sends the ids (evaluation needs no token-exact sequences); on the
+    chat path (`path="chat"`, any OpenAI-compatible server) the messages go as text and the
+    server applies its own template. `group` restricts the endpoints used; `tools`: the chat
+    path may use the server's native tool calls (it has them)."""
 
-    def __init__(self, pool: EndpointPool, chat: ChatTokens, *, model: str, version: int,
-                 max_tokens: int = 512, max_seq_len: int = 4096,
-                 deadline_s: float | None = None) -> None:
+    def __init__(self, pool: EndpointPool, chat: ChatTokens | None, *, model: str,
+                 version: int, max_tokens: int = 512, max_seq_len: int = 4096,
+                 deadline_s: float | None = None, path: str = "tokens",
+                 group: str | None = None, tools: bool = False) -> None:
+        if path == "tokens" and chat is None:
+            raise ValueError("the tokens path needs the policy's tokenizer")
         self.pool, self.chat, self.model, self.version = pool, chat, model, version
         self.max_tokens, self.max_seq_len, self.deadline_s = max_tokens, max_seq_len, deadline_s
+        self.path, self.group, self.tools = path, group, tools
 
     async def reply(self, messages: Sequence[dict[str, Any]],
                     max_tokens: int | None = None) -> tuple[str, int]:
         """(text, completion tokens) of the next assistant turn."""
+        if self.path == "chat":
+            c = await self.pool.chat(messages, model=self.model,
+                                     max_tokens=max_tokens or self.max_tokens, temperature=0.0,
+                                     deadline_s=self.deadline_s, token_level=False,
+                                     group=self.group)
+            return c.text, c.completion_tokens
+        assert self.chat is not None
         ids = self.chat.prompt_ids(messages)
         budget = min(max_tokens or self.max_tokens, self.max_seq_len - len(ids))
         if budget < 1:
             raise EndpointError(f"the conversation ({len(ids)} tokens) fills max_seq_len "
                                 f"{self.max_seq_len}")
         c = await self.pool.complete(ids, model=self.model, max_tokens=budget, temperature=0.0,
-                                     deadline_s=self.deadline_s)
+                                     deadline_s=self.deadline_s, group=self.group)
         return self.chat.decode(c.token_ids), len(c.token_ids)
+
+
+    async def play(self, env: Any, *, env_id: str, seed: int, cfg: Any,
+                   params: dict[str, Any] | None = None,
+                   request_seed: int | None = None) -> Any:
+        """One unhinted episode of `env` (an EnvSession) by this policy, on its path."""
+        from spade_async.episode import run_episode, run_episode_chat
+
+        if self.path == "chat":
+            return await run_episode_chat(env, self.pool, env_id=env_id, seed=seed, hint=None,
+                                          model=self.model, policy_version=self.version,
+                                          cfg=cfg, params=params, group=self.group,
+                                          native_tools=self.tools)
+        return await run_episode(env, self.pool, self.chat, env_id=env_id, seed=seed,
+                                 hint=None, model=self.model, policy_version=self.version,
+                                 cfg=cfg, params=params, request_seed=request_seed,
+                                 group=self.group)
 
 
 class Suite(Protocol):
@@ -101,6 +133,9 @@ class SuiteResult:
     seconds: float
     time: float
     tasks: list[TaskResult]
+    path: str = "tokens"        # how the requests went: tokens or chat
+    external: bool = False      # a named model (roles.eval.model), not a policy version
+    completion_tokens: int = 0  # sampled over all tasks (throughput = this / seconds)
 
     def summary(self) -> dict[str, Any]:
         d = asdict(self)
@@ -153,7 +188,14 @@ async def run_suite(suite: Suite, policy: EvalPolicy, *, limit: int | None = Non
         score=round(math.fsum(r.score for r in scored) / k, 4) if k else 0.0,
         passed=round(sum(r.passed for r in scored) / k, 4) if k else 0.0,
         errors=sum(r.error is not None for r in ordered),
-        seconds=round(time.perf_counter() - t0, 2), time=time.time(), tasks=ordered)
+        seconds=round(time.perf_counter() - t0, 2), time=time.time(), tasks=ordered,
+        path=policy.path, completion_tokens=sum(r.completion_tokens for r in ordered))
+
+
+class EvalFailed(EndpointError):
+    """A suite run in which no task got a score: nothing is stored."""
+
+    kind = "eval_failed"
 
 
 def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -224,12 +266,15 @@ async def evaluate_version(cfg: Any, pool: EndpointPool, chat: ChatTokens, *, ve
     holds a Sandbox (the daemon) must pass it: two in one process share the slot uids, each
     one's orphan reaper counts the other's live workers as its own dying orphans, and its
     used slots never free (its next `open` waits for ever)."""
+    from spade_async.endpoints.roles import group_has, role_route
     from spade_async.evals import make_suite
 
     ecfg = cfg.eval
+    route = role_route(cfg, "eval")
     policy = EvalPolicy(pool, chat, model=model, version=version, max_tokens=ecfg.max_tokens,
                         max_seq_len=ecfg.max_seq_len,
-                        deadline_s=cfg.rollout.request_deadline_s)
+                        deadline_s=cfg.rollout.request_deadline_s, path=route.path,
+                        group=route.group, tools=group_has(pool, route.group, "tools"))
     out = []
     for name in suites:
         suite = make_suite(name, cfg, sandbox)
@@ -239,6 +284,11 @@ async def evaluate_version(cfg: Any, pool: EndpointPool, chat: ChatTokens, *, ve
         async with held:
             result = await run_suite(suite, policy, limit=limit,
                                      concurrency=ecfg.concurrency, progress=progress)
+        result.external = route.model is not None
+        if result.scored == 0 and result.n:
+            # Every task failed on the endpoint: that is no score, and is not stored as one.
+            raise EvalFailed(f"{name}: no task got a score; every one of {result.n} failed on "
+                             f"the endpoint (first: {result.tasks[0].error})")
         store_result(cfg.paths.data_dir, result)
         out.append(result)
     return out

@@ -38,7 +38,7 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 
 from spade_async.config import RolloutConfig
 from spade_async.envs.contract import EnvMeta, ResetResult, StepResult, parse_tool_call
-from spade_async.episode import Episode, run_episode
+from spade_async.episode import Episode
 from spade_async.evals.base import EvalPolicy, EvalTask, TaskResult
 from spade_async.sandbox.runtime import EnvException, SandboxError
 
@@ -365,9 +365,7 @@ class BfclMultiTurnSuite:
                 env = await BfclEnvSession.open(worker, p["category"], p["id"],
                                                 steps_per_turn=self.steps_per_turn,
                                                 tool_docs=self.tool_docs)
-                ep = await run_episode(env, policy.pool, policy.chat, env_id=f"bfcl/{p['id']}",
-                                       seed=0, hint=None, model=policy.model,
-                                       policy_version=policy.version, cfg=cfg)
+                ep = await policy.play(env, env_id=f"bfcl/{p['id']}", seed=0, cfg=cfg)
         except SandboxError as exc:
             return TaskResult(task.task_id, 0.0, False, error=f"bfcl worker: {exc}",
                               detail={"category": p["category"]})
@@ -385,9 +383,9 @@ class BfclMultiTurnSuite:
         score = ep.score
         return TaskResult(
             task.task_id, score, score >= self.pass_mark, answer=transcript(ep),
-            turns=len(ep.turns), completion_tokens=ep.sampled_tokens, error=error,
+            turns=len(ep.turns), completion_tokens=ep.generated_tokens, error=error,
             detail={"category": env.category, "error_type": verdict.get("error_type"),
                     "error_message": verdict.get("error_message"), "user_turns": env.turns,
                     "turns_done": env.turn, "calls": env.calls, "rejected_calls": env.rejected,
                     "capped_turns": env.capped_turns, "truncated": ep.truncated,
-                    "prompt_tokens": ep.prompt_len})
+                    "prompt_tokens": ep.prompt_len, "path": ep.path})

@@ -155,7 +155,6 @@ class ProbeSuite:
         return []
 
     async def run_task(self, task: EvalTask, policy: EvalPolicy) -> TaskResult:
-        from spade_async.episode import run_episode
         from spade_async.sandbox.runtime import SandboxError
 
         if self.sandbox is None:
@@ -166,9 +165,7 @@ class ProbeSuite:
                                   "env_id": v.env_id, "variant_id": v.variant_id}
         try:
             async with self.sandbox.open(v.code) as env:
-                ep = await run_episode(env, policy.pool, policy.chat, env_id=v.env_id,
-                                       seed=seed, hint=None, model=policy.model,
-                                       policy_version=policy.version, cfg=self.rollout,
+                ep = await policy.play(env, env_id=v.env_id, seed=seed, cfg=self.rollout,
                                        params=v.params, request_seed=seed)
         except SandboxError as exc:  # no worker, or the seed failed to load: not a score
             return TaskResult(task.task_id, 0.0, False, error=f"sandbox {exc.kind}: {exc}",
@@ -183,5 +180,5 @@ class ProbeSuite:
         return TaskResult(task.task_id, float(solved), solved,
                           answer="\n".join(t.action for t in ep.turns)[-500:],
                           turns=len(ep.turns),
-                          completion_tokens=sum(t.completion_tokens for t in ep.turns),
+                          completion_tokens=ep.generated_tokens,
                           error=ep.error, detail=detail, failed=ep.error is not None)

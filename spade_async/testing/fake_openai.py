@@ -67,6 +67,17 @@ class FakeState:
     nccl_updating: bool = False
     nccl_received: list[tuple[str, str, tuple[int, ...]]] = field(default_factory=list)
     nccl_wait_s: float = 10.0  # how long a blocking route waits for the trainer side
+    # A hosted-API stand-in: `chat_only` serves only /v1/models and /v1/chat/completions (no
+    # token-id completions, no admin routes, no route listing), answering `chat_script(messages)`
+    # when set; `api_key` makes every request without "Authorization: Bearer <key>" a 401;
+    # the next `rate_limit_next` requests get 429 with `Retry-After: retry_after`.
+    chat_only: bool = False
+    chat_script: Callable[[list[dict]], str] | None = None
+    api_key: str | None = None
+    rate_limit_next: int = 0
+    retry_after: str | None = "1"
+    rate_limited: list[float] = field(default_factory=list)  # when each 429 was sent
+    served_at: list[float] = field(default_factory=list)  # when each generation was answered
 
 
 def _token_ids(seed: str, n: int) -> list[int]:
@@ -93,6 +104,8 @@ def build_app(state: FakeState) -> Starlette:
             )
         if not isinstance(body.get("messages"), list) or not body["messages"]:
             return JSONResponse({"error": {"message": "messages must be a non-empty list"}}, 400)
+        if _is_probe(request):
+            return _probe_chat(body)
         state.requests += 1
         state.models_seen.append(model)
         if state.fail_next > 0:
@@ -109,10 +122,14 @@ def build_app(state: FakeState) -> Starlette:
             if delay:
                 await anyio.sleep(delay)
             words = [f"w{t % 1000}" for t in ids]
+            content = " ".join(words)
+            if state.chat_script is not None:
+                content = state.chat_script(list(body["messages"]))
             prompt_ids = _token_ids("prompt|" + last, 8 + len(last) // 4)
+            state.served_at.append(time.monotonic())
             choice = {
                 "index": 0,
-                "message": {"role": "assistant", "content": " ".join(words)},
+                "message": {"role": "assistant", "content": content},
                 "finish_reason": "length",
                 "token_ids": ids if body.get("return_token_ids") else None,
                 "logprobs": {
@@ -153,6 +170,14 @@ def build_app(state: FakeState) -> Starlette:
         prompt = body.get("prompt")
         if not (isinstance(prompt, list) and all(isinstance(t, int) for t in prompt)):
             return JSONResponse({"error": {"message": "this fake takes token-id prompts"}}, 400)
+        if _is_probe(request):
+            n = int(body.get("max_tokens") or 1)
+            return JSONResponse({"object": "text_completion", "model": model, "choices": [{
+                "index": 0, "text": "ok", "finish_reason": "length",
+                "token_ids": [7] * n if body.get("return_token_ids") else None,
+                "prompt_token_ids": prompt if body.get("return_token_ids") else None,
+                "logprobs": {"token_logprobs": [-0.1] * n, "tokens": ["7"] * n}
+                if body.get("logprobs") is not None else None}]})
         state.requests += 1
         state.models_seen.append(model)
         state.completions.append(body)
@@ -161,6 +186,7 @@ def build_app(state: FakeState) -> Starlette:
             return JSONResponse({"error": {"message": "injected failure"}}, state.fail_status)
         state.in_flight += 1
         state.max_in_flight = max(state.max_in_flight, state.in_flight)
+        state.served_at.append(time.monotonic())
         try:
             n = int(body.get("max_tokens") or 16)
             choices = (body.get("structured_outputs") or {}).get("choice")
@@ -266,8 +292,19 @@ def build_app(state: FakeState) -> Starlette:
     async def ok(request: Request) -> Response:
         return Response(status_code=200)
 
-    return Starlette(
+    if state.chat_only:
+        return Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"]),
+                                 Route("/v1/models", list_models, methods=["GET"])],
+                         middleware=[Middleware(_RequestLog, state=state)])
+
+    async def openapi(request: Request) -> Response:  # FastAPI's listing, as vLLM serves it
+        return JSONResponse({"openapi": "3.1.0", "paths": {
+            r.path: {m.lower(): {} for m in (r.methods or ()) if m != "HEAD"}
+            for r in app.routes if isinstance(r, Route)}})
+
+    app = Starlette(
         routes=[
+            Route("/openapi.json", openapi, methods=["GET"]),
             Route("/v1/chat/completions", chat, methods=["POST"]),
             Route("/v1/completions", completions, methods=["POST"]),
             Route("/v1/models", list_models, methods=["GET"]),
@@ -284,6 +321,21 @@ def build_app(state: FakeState) -> Starlette:
         ],
         middleware=[Middleware(_RequestLog, state=state)],
     )
+    return app
+
+
+def _is_probe(request: Request) -> bool:
+    """A capability probe (spade_async/endpoints/capabilities.py): answered, never counted."""
+    return request.headers.get("x-spade-probe") == "capabilities"
+
+
+def _probe_chat(body: dict) -> Response:
+    fmt = body.get("response_format") or {}
+    schema = (fmt.get("json_schema") or {}).get("schema") or {}
+    content = f'"{schema["enum"][0]}"' if schema.get("enum") else "ok"
+    return JSONResponse({"object": "chat.completion", "model": body.get("model"), "choices": [{
+        "index": 0, "finish_reason": "stop",
+        "message": {"role": "assistant", "content": content}}]})
 
 
 class FakeOpenAIServer:
@@ -374,6 +426,21 @@ class _RequestLog:
             query = scope.get("query_string", b"").decode()
             self.state.request_log.append(
                 f"{scope['method']} {scope['path']}" + (f"?{query}" if query else ""))
+            state = self.state
+            if state.api_key is not None:
+                headers = dict(scope.get("headers") or ())
+                if headers.get(b"authorization", b"").decode() != f"Bearer {state.api_key}":
+                    await JSONResponse({"error": {"message": "Incorrect API key provided."}},
+                                       401)(scope, receive, send)
+                    return
+            probe = dict(scope.get("headers") or ()).get(b"x-spade-probe") is not None
+            if state.rate_limit_next > 0 and scope["method"] == "POST" and not probe:
+                state.rate_limit_next -= 1
+                state.rate_limited.append(time.monotonic())
+                extra = {"Retry-After": state.retry_after} if state.retry_after else None
+                await JSONResponse({"error": {"message": "Rate limit reached"}}, 429,
+                                   headers=extra)(scope, receive, send)
+                return
         await self.app(scope, receive, send)
 
 
