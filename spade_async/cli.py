@@ -176,11 +176,12 @@ def endpoints_check(config: Path = ConfigOpt, as_json: bool = JsonOpt) -> None:
             if c is None:
                 caps.add_row(h.name, "not probed (down)", "-", "-", "-", "-", "-")
                 continue
-            tokens = yes[c.tokens_path] + ("" if c.tokens_path else
-                                           " (lacks " + ", ".join(c.missing("tokens")) + ")")
+            short = {"completions": "/v1/completions", "token_prompts": "id prompts",
+                     "token_ids": "ids back", "logprobs": "log-probs"}
+            tokens = yes[c.tokens_path] + ("" if c.tokens_path else " (no " + ", ".join(
+                w for k, w in short.items() if not getattr(c, k)) + ")")
             caps.add_row(h.name, c.server, tokens, yes[c.chat], yes[c.tools], yes[c.structured],
-                         "unknown (no route listing)" if c.swap is None
-                         else ", ".join(c.swap) or "none")
+                         "unknown" if c.swap is None else ", ".join(c.swap) or "none")
         Console().print(caps)
         for role, r in routes.items():
             typer.echo(f"roles.{role}: group {r['group']}, model "
@@ -774,6 +775,42 @@ def bench_pipeline(
             x = r[key]
             typer.echo(f"{label:30s} daemon {x['daemon']['tokens_per_s']:8.1f} tok/s   bare "
                        f"{x['bare']['tokens_per_s']:8.1f} tok/s   ratio {x['ratio']:.3f}")
+
+
+@bench_app.command("endpoints")
+def bench_endpoints(
+    config: Path = ConfigOpt,
+    designs: int = typer.Option(8, "--designs", min=1, help="designer requests per endpoint "
+                                "and path"),
+    tasks: int = typer.Option(12, "--tasks", min=1, help="reasoning-gym tasks per endpoint "
+                              "and path"),
+    as_json: bool = JsonOpt,
+) -> None:
+    """Design and evaluation throughput through every endpoint of the config, by each path it
+    has (tokens, chat), side by side in one run."""
+    from spade_async.bench.endpoints import run_endpoints_bench
+    from spade_async.chat_tokens import ChatTokens
+    from spade_async.config import checkpoint_dir
+
+    cfg = _config(config)
+    _check_endpoint_secrets(cfg)
+    tokenizer = cfg.model.tokenizer or checkpoint_dir(cfg)
+    chat = ChatTokens.from_pretrained(tokenizer)
+    r = run_endpoints_bench(cfg, chat, designs=designs, tasks=tasks,
+                            progress=lambda m: typer.echo(f"[bench] {m}", err=True))
+    if as_json:
+        typer.echo(json.dumps(r, indent=2))
+        return
+    for row in r["rows"]:
+        if "error" in row:
+            typer.echo(f"{row['endpoint']:10s} not measured: {row['error']}")
+            continue
+        d, e = row["design"], row["eval"]
+        typer.echo(f"{row['endpoint']:10s} {row['server']:22s} {row['path']:6s} designs "
+                   f"{d['designs_per_min']:6.2f}/min {d['tokens_per_s']:7.1f} tok/s "
+                   f"({d['with_code']}/{d['done']} with code, {d['error_count']} errors)   eval "
+                   f"{e['tasks_per_min']:6.2f} tasks/min {e['tokens_per_s']:7.1f} tok/s "
+                   f"(score {e['score']:.3f} over {e['scored']}/{e['n']})")
 
 
 @bench_app.command("trainer")
