@@ -644,7 +644,17 @@ def _status_lines(st: dict, cfg: SpadeConfig) -> list[str]:
                      + (f", {mean:.0%} mean over 60 s" if mean is not None else "")
                      + f"), swap {ep['weight_swap']}"
                      + (f", {1 / (ep['s_per_token_p90'] * ep['max_concurrency']):.1f} tok/s per "
-                        "request at full load (p90)" if ep.get("s_per_token_p90") else ""))
+                        "request at full load (p90)" if ep.get("s_per_token_p90") else "")
+                     + (f", {ep['server']} ({'+'.join(ep['paths']) or 'no path'})"
+                        if ep.get("server") else "")
+                     + (f", rate-limited {ep['rate_limited_s']:g} s more"
+                        if ep.get("rate_limited_s") else ""))
+    roles = st.get("roles") or {}
+    if any(r.get("group") != "default" or r.get("model") for r in roles.values()):
+        lines.append("roles      " + "; ".join(
+            f"{name} {r['group']}/{r['path']} ({r['model'] or 'the policy'}"
+            + (", frozen: not trained on" if name == "designer" and not r["trained"] else "")
+            + ")" for name, r in roles.items()))
     reasons = ", ".join(f"{k} {v}" for k, v in sorted(st.get("rejection_reasons", {}).items(),
                                                       key=lambda kv: -kv[1]))
     rejected = c.get("designs_invalid", 0) + c.get("designs_duplicate", 0)

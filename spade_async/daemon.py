@@ -39,7 +39,7 @@ from spade_async.corpus import Chunk, CorpusSampler
 from spade_async.designer import Design, design
 from spade_async.edit import VariantView, candidate_params, propose_edit
 from spade_async.endpoints.pool import EndpointError, EndpointPool
-from spade_async.endpoints.roles import ROLES, group_has, role_route
+from spade_async.endpoints.roles import ROLES, RoleRoute, group_has, role_route
 from spade_async.envs.contract import ContractError, EnvMeta, easiest_point, resolve_params
 from spade_async.envs.validate import ValidationReport, validate
 from spade_async.episode import Episode, play_in_sandbox
@@ -371,7 +371,13 @@ class Daemon:
         from spade_async.evals.bfcl import BfclSetupError
 
         every = self.cfg.eval.every_versions
-        done = {int(r.get("version", -1)) for r in load_results(self.cfg.paths.data_dir)}
+        done = {int(r.get("version", -1)) for r in load_results(self.cfg.paths.data_dir)
+                if not r.get("external")}
+        # The periodic evaluation is of the policy: roles.eval's route, unless that names
+        # another model (`spade eval --model`'s business), then the agent's endpoints.
+        route = self.routes["eval"]
+        if route.model is not None:
+            route = RoleRoute("eval", self.routes["agent"].group, None, "tokens")
         while True:
             self.policy.refresh()
             version, model = self.policy.version, self.policy.model
@@ -381,7 +387,7 @@ class Daemon:
                 try:
                     results = await evaluate_version(
                         self.cfg, self.pool, self.chat, version=version, model=model,
-                        suites=self.cfg.eval.suites, sandbox=self.sandbox,
+                        suites=self.cfg.eval.suites, sandbox=self.sandbox, route=route,
                         progress=lambda m: log.info("eval_progress", detail=m))
                     self.counters["evals"] += 1
                     for r in results:

@@ -133,7 +133,9 @@ def load_run(cfg: SpadeConfig) -> RunData:
                    plays=read_jsonl(rdir / "plays.jsonl"),
                    steps=[s for s in read_jsonl(trainer_root(cfg, cfg.trainer) / "metrics.jsonl")
                           if s.get("event") == "step"],
-                   evals=load_results(cfg.paths.data_dir))
+                   # the policy's versions; an external model's scores (spade eval --model)
+                   # are no point on its curve
+                   evals=[r for r in load_results(cfg.paths.data_dir) if not r.get("external")])
     try:
         data.envs = _memory_rows(cfg)
     except Exception as exc:  # a report without the memory is still a report

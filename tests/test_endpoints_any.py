@@ -310,3 +310,82 @@ async def test_eval_through_a_chat_only_server_and_no_score_from_a_dead_one(tmp_
         assert len(lines) == 1
     finally:
         os.environ.pop("SPADE_TEST_HOSTED_KEY")
+
+
+TOOL_ENV = '''
+import json
+
+
+class Environment:
+    name = "adder"
+    description = "Add the two numbers with the add tool, then reply with the sum alone."
+    max_turns = 3
+    tools = [{"type": "function", "function": {
+        "name": "add", "description": "a + b",
+        "parameters": {"type": "object", "properties": {"a": {"type": "integer"},
+                                                        "b": {"type": "integer"}},
+                       "required": ["a", "b"]}}}]
+
+    def reset(self, seed):
+        self.a, self.b = 2, seed % 7
+        return f"Add {self.a} and {self.b}.", {}
+
+    def step(self, action):
+        try:
+            call = json.loads(action)
+        except ValueError:
+            call = None
+        if isinstance(call, dict) and call.get("tool") == "add":
+            args = call.get("arguments", {})
+            return str(args.get("a", 0) + args.get("b", 0)), 0.0, False, False, {}
+        right = action.strip() == str(self.a + self.b)
+        return "done", 1.0 if right else 0.0, True, False, {}
+
+    def hint(self):
+        return "call add"
+
+    def solution(self):
+        return [json.dumps({"tool": "add", "arguments": {"a": self.a, "b": self.b}}),
+                str(self.a + self.b)]
+'''
+
+
+async def test_chat_path_episode_with_native_tool_calls(hosted):
+    """A multi-turn episode on the chat path: the environment's tools go as the request's
+    `tools`, the server's tool call is the action, its result comes back as a `tool`
+    message, and the final text answer scores (what BFCL multi-turn does on such servers)."""
+    from spade_async.config import EndpointConfig, RolloutConfig, SandboxConfig
+    from spade_async.episode import run_episode_chat
+    from spade_async.sandbox.runtime import Sandbox
+
+    def script(messages: list[dict]) -> str | dict:
+        if messages[-1]["role"] == "tool":
+            return messages[-1]["content"]  # the tool's result is the sum
+        return {"content": None, "tool_calls": [{"id": "call_1", "type": "function",
+                "function": {"name": "add", "arguments": '{"a": 2, "b": 5}'}}]}
+
+    hosted.state.chat_script = script
+    os.environ["SPADE_TEST_HOSTED_KEY"] = SECRET
+    try:
+        ep_cfg = EndpointConfig(name="hosted", base_url=hosted.base_url,
+                                api_key_env="SPADE_TEST_HOSTED_KEY")
+        async with EndpointPool([ep_cfg]) as pool, Sandbox(SandboxConfig(slots=2)) as sb:
+            await pool.check()
+            async with sb.open(TOOL_ENV) as env:
+                ep = await run_episode_chat(env, pool, env_id="adder", seed=5, hint=None,
+                                            model="frozen-designer", policy_version=0,
+                                            cfg=RolloutConfig(max_tokens_per_turn=32),
+                                            native_tools=True)
+    finally:
+        os.environ.pop("SPADE_TEST_HOSTED_KEY")
+    assert ep.error is None and ep.score == 1.0 and ep.path == "chat"
+    assert [t.action for t in ep.turns] == ['{"arguments": {"a": 2, "b": 5}, "tool": "add"}',
+                                            "7"]
+    first, second = hosted.state.chats
+    assert first["tools"][0]["function"]["name"] == "add"
+    assert "return_token_ids" not in first and "logprobs" not in first
+    assert "To call a tool" not in first["messages"][0]["content"]  # the server shows the tools
+    assistant, tool = second["messages"][-2:]
+    assert assistant["tool_calls"][0]["id"] == "call_1"
+    assert tool == {"role": "tool", "tool_call_id": "call_1", "content": "7"}
+    assert ep.as_record()["path"] == "chat"

@@ -26,6 +26,7 @@ from spade_async.endpoints.pool import EndpointError, EndpointPool
 from spade_async.logs import get_logger
 
 if TYPE_CHECKING:
+    from spade_async.endpoints.roles import RoleRoute
     from spade_async.sandbox.runtime import Sandbox
 
 log = get_logger("eval")
@@ -260,8 +261,10 @@ def model_for_version(cfg: Any, version: int, current: tuple[int, str]) -> str:
 async def evaluate_version(cfg: Any, pool: EndpointPool, chat: ChatTokens, *, version: int,
                            model: str, suites: Sequence[str], limit: int | None = None,
                            progress: Callable[[str], None] = lambda _: None,
-                           sandbox: Sandbox | None = None) -> list[SuiteResult]:
-    """Run each suite against `model` and store its results under <data_dir>/eval/.
+                           sandbox: Sandbox | None = None,
+                           route: RoleRoute | None = None) -> list[SuiteResult]:
+    """Run each suite against `model` and store its results under <data_dir>/eval/, on
+    `route` (default roles.eval's: its endpoint group and path).
     `sandbox`: where the probe suite plays; None opens one for its run. A process that already
     holds a Sandbox (the daemon) must pass it: two in one process share the slot uids, each
     one's orphan reaper counts the other's live workers as its own dying orphans, and its
@@ -270,7 +273,7 @@ async def evaluate_version(cfg: Any, pool: EndpointPool, chat: ChatTokens, *, ve
     from spade_async.evals import make_suite
 
     ecfg = cfg.eval
-    route = role_route(cfg, "eval")
+    route = route or role_route(cfg, "eval")
     policy = EvalPolicy(pool, chat, model=model, version=version, max_tokens=ecfg.max_tokens,
                         max_seq_len=ecfg.max_seq_len,
                         deadline_s=cfg.rollout.request_deadline_s, path=route.path,

@@ -72,7 +72,9 @@ class FakeState:
     # when set; `api_key` makes every request without "Authorization: Bearer <key>" a 401;
     # the next `rate_limit_next` requests get 429 with `Retry-After: retry_after`.
     chat_only: bool = False
-    chat_script: Callable[[list[dict]], str] | None = None
+    # the reply's content, or a whole assistant message (e.g. with `tool_calls`)
+    chat_script: Callable[[list[dict]], str | dict] | None = None
+    chats: list[dict] = field(default_factory=list)  # every (non-probe) chat request body
     api_key: str | None = None
     rate_limit_next: int = 0
     retry_after: str | None = "1"
@@ -108,6 +110,7 @@ def build_app(state: FakeState) -> Starlette:
             return _probe_chat(body)
         state.requests += 1
         state.models_seen.append(model)
+        state.chats.append(body)
         if state.fail_next > 0:
             state.fail_next -= 1
             return JSONResponse({"error": {"message": "injected failure"}}, state.fail_status)
@@ -122,14 +125,16 @@ def build_app(state: FakeState) -> Starlette:
             if delay:
                 await anyio.sleep(delay)
             words = [f"w{t % 1000}" for t in ids]
-            content = " ".join(words)
+            message: dict = {"role": "assistant", "content": " ".join(words)}
             if state.chat_script is not None:
-                content = state.chat_script(list(body["messages"]))
+                scripted = state.chat_script(list(body["messages"]))
+                message = ({"role": "assistant", **scripted} if isinstance(scripted, dict)
+                           else {"role": "assistant", "content": scripted})
             prompt_ids = _token_ids("prompt|" + last, 8 + len(last) // 4)
             state.served_at.append(time.monotonic())
             choice = {
                 "index": 0,
-                "message": {"role": "assistant", "content": content},
+                "message": message,
                 "finish_reason": "length",
                 "token_ids": ids if body.get("return_token_ids") else None,
                 "logprobs": {
@@ -405,6 +410,7 @@ def main() -> None:
     state = FakeState(token_latency_s=args.token_latency, request_latency_s=args.request_latency,
                       eos_token_id=args.eos)
     state.completions = _Discard()  # a long benchmark must not keep every request body
+    state.chats = _Discard()
     state.request_log = _Discard()
     uvicorn.run(build_app(state), host="127.0.0.1", port=args.port, log_level="error",
                 lifespan="off", access_log=False)
