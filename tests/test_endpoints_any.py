@@ -389,3 +389,28 @@ async def test_chat_path_episode_with_native_tool_calls(hosted):
     assert assistant["tool_calls"][0]["id"] == "call_1"
     assert tool == {"role": "tool", "tool_call_id": "call_1", "content": "7"}
     assert ep.as_record()["path"] == "chat"
+
+
+async def test_capabilities_are_probed_again_when_an_endpoint_comes_back():
+    """A server restarted behind the same URL may be another one: after an outage the pool
+    probes again, and routing follows what it can do now."""
+    from spade_async.config import EndpointConfig, PoolConfig
+
+    server = FakeOpenAIServer().start()
+    try:
+        cfg = PoolConfig(wait_for_endpoint_s=1, health_interval_s=0.2)
+        async with EndpointPool([EndpointConfig(name="a", base_url=server.base_url)],
+                                cfg) as pool:
+            await pool.check()
+            assert pool.capabilities("a").tokens_path
+            server.stop()
+            (h,) = await pool.check()
+            assert not h.up
+            server.state.chat_only = True  # back as a chat-only server
+            server.start()
+            (h,) = await pool.check()
+            assert h.up and h.capabilities.as_dict()["paths"] == ["chat"]
+            with pytest.raises(EndpointCapabilityError, match="lacks POST /v1/completions"):
+                await pool.complete([1, 2], model="policy", max_tokens=2)
+    finally:
+        server.stop()
