@@ -19,7 +19,13 @@ import anyio
 from spade_async.chat_tokens import ChatTokens
 from spade_async.config import RolloutConfig
 from spade_async.endpoints.pool import EndpointError, EndpointPool
-from spade_async.envs.contract import EnvMeta, episode_score, parse_tool_call, tool_call_action
+from spade_async.envs.contract import (
+    EnvMeta,
+    StepResult,
+    episode_score,
+    parse_tool_call,
+    tool_call_action,
+)
 from spade_async.envs.hint_leak import play_leak
 from spade_async.logs import get_logger
 from spade_async.sandbox.runtime import EnvSession, Sandbox, SandboxError
@@ -185,34 +191,15 @@ async def run_episode(
             ep.loss_mask += [1] * len(out.token_ids)
             ep.logprobs += out.logprobs
             action = to_action(chat.decode(out.token_ids))
-            try:
-                res = await env.step(action)
-            except SandboxError as exc:
-                ep.error, ep.error_kind = f"step {turn}: {exc}", f"sandbox_{exc.kind}"
-                ep.turns.append(Turn(action, "", 0.0, len(out.token_ids), out.finish_reason))
-                break
-            rewards.append(res.reward)
-            ep.turns.append(Turn(action, res.observation, res.reward, len(out.token_ids),
-                                 out.finish_reason))
-            if res.done:
-                ep.terminated, ep.truncated = res.terminated, res.truncated
-                break
-            if turn == meta.max_turns:
-                ep.truncated = True
+            res = await _step(env, ep, rewards, action, turn, len(out.token_ids),
+                              out.finish_reason)
+            if res is None:
                 break
             between = chat.next_turn_ids(out.token_ids, res.observation)
             ep.token_ids += between
             ep.loss_mask += [0] * len(between)
             ep.logprobs += [0.0] * len(between)
-    ep.score = episode_score(rewards)
-    if hint is not None:
-        ep.hint = hint
-        ep.hint_copy = (play_leak(hint, [t.action for t in ep.turns])
-                        if ep.score >= 1.0 - 1e-9 else 0.0)
-    if scope.cancelled_caught:
-        ep.error = f"the episode exceeded its {cfg.episode_deadline_s:g}s deadline"
-        ep.error_kind = "deadline"
-        ep.truncated = True
+    _finish(ep, rewards, hint, scope.cancelled_caught, cfg)
     log.debug("episode_done", env_id=env_id, episode_id=ep.episode_id, hinted=ep.hinted,
               score=ep.score, turns=len(ep.turns), error=ep.error)
     return ep
@@ -270,34 +257,50 @@ async def run_episode_chat(
             else:
                 action = to_action(out.text)
                 messages.append({"role": "assistant", "content": out.text})
-            try:
-                res = await env.step(action)
-            except SandboxError as exc:
-                ep.error, ep.error_kind = f"step {turn}: {exc}", f"sandbox_{exc.kind}"
-                ep.turns.append(Turn(action, "", 0.0, out.completion_tokens, out.finish_reason))
-                break
-            rewards.append(res.reward)
-            ep.turns.append(Turn(action, res.observation, res.reward, out.completion_tokens,
-                                 out.finish_reason))
-            if res.done:
-                ep.terminated, ep.truncated = res.terminated, res.truncated
-                break
-            if turn == meta.max_turns:
-                ep.truncated = True
+            res = await _step(env, ep, rewards, action, turn, out.completion_tokens,
+                              out.finish_reason)
+            if res is None:
                 break
             messages.append({"role": "tool", "tool_call_id": call["id"],
                              "content": res.observation} if call is not None
                             else {"role": "user", "content": res.observation})
+    _finish(ep, rewards, hint, scope.cancelled_caught, cfg)
+    return ep
+
+
+async def _step(env: EnvSession, ep: Episode, rewards: list[float], action: str, turn: int,
+                tokens: int, finish_reason: str | None) -> StepResult | None:
+    """One environment step of either path, recorded in `ep`; None when the episode is over
+    (it ended, hit max_turns, or the sandbox failed it)."""
+    try:
+        res = await env.step(action)
+    except SandboxError as exc:
+        ep.error, ep.error_kind = f"step {turn}: {exc}", f"sandbox_{exc.kind}"
+        ep.turns.append(Turn(action, "", 0.0, tokens, finish_reason))
+        return None
+    rewards.append(res.reward)
+    ep.turns.append(Turn(action, res.observation, res.reward, tokens, finish_reason))
+    if res.done:
+        ep.terminated, ep.truncated = res.terminated, res.truncated
+        return None
+    if turn == env.meta.max_turns:
+        ep.truncated = True
+        return None
+    return res
+
+
+def _finish(ep: Episode, rewards: list[float], hint: str | None, timed_out: bool,
+            cfg: RolloutConfig) -> None:
+    """Score, hint copy and deadline of an episode, whichever path played it."""
     ep.score = episode_score(rewards)
     if hint is not None:
         ep.hint = hint
         ep.hint_copy = (play_leak(hint, [t.action for t in ep.turns])
                         if ep.score >= 1.0 - 1e-9 else 0.0)
-    if scope.cancelled_caught:
+    if timed_out:
         ep.error = f"the episode exceeded its {cfg.episode_deadline_s:g}s deadline"
         ep.error_kind = "deadline"
         ep.truncated = True
-    return ep
 
 
 async def play_in_sandbox(
