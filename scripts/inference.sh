@@ -17,6 +17,8 @@
 # --enable-lora only for a vllm-lora endpoint (SPADE_VLLM_LORA=0|1 overrides), and LoRA layers
 # only on trainer.lora_targets: on CPU each costs decode speed (torch.compile off, LoRA ops on
 # every wrapped layer in every step; see `spade bench inference`).
+# --weight-transfer-config '{"backend": "nccl"}' for a vllm-nccl endpoint (vLLM's NCCL weight
+# transfer engine; the trainer joins its group at each publish).
 # Extra arguments go to vLLM unchanged.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -45,6 +47,9 @@ read -r -a lora_targets <<< "$cfg_lora_targets"
 lora=(--enable-lora --max-lora-rank "$cfg_max_lora_rank" --max-loras "$cfg_max_loras"
       --lora-target-modules "${lora_targets[@]}")
 [ "${SPADE_VLLM_LORA:-$cfg_lora}" = 0 ] && lora=()
+# vllm-nccl: the server joins the trainer's NCCL group through vLLM's weight-transfer engine.
+transfer=()
+[ -n "$cfg_weight_transfer" ] && transfer=(--weight-transfer-config "$cfg_weight_transfer")
 exec "$vllm_python" -m vllm.entrypoints.openai.api_server \
   --model "$model" \
   --served-model-name "$cfg_served_name" \
@@ -52,6 +57,6 @@ exec "$vllm_python" -m vllm.entrypoints.openai.api_server \
   --max-model-len "${SPADE_MAX_MODEL_LEN:-$cfg_max_model_len}" \
   --dtype "$cfg_dtype" \
   --logprobs-mode "$cfg_logprobs_mode" \
-  "${lora[@]}" \
+  "${lora[@]}" "${transfer[@]}" \
   --disable-log-stats \
   "$@"

@@ -101,6 +101,10 @@ def show_config(
         # --enable-lora only where adapters are served: on CPU it switches torch.compile off
         # and adds LoRA ops to every decode step (see `spade bench inference`).
         "cfg_lora": int(isinstance(swap, VllmLoraSwap)),
+        # vllm-nccl: the server's side of the NCCL weight transfer (else /init_weight_
+        # transfer_engine answers 500 "Weight transfer not configured")
+        "cfg_weight_transfer": json.dumps({"backend": "nccl"})
+        if swap.type == "vllm-nccl" else "",
         # LoRA layers only on the modules the trainer adapts: every wrapped layer runs vLLM's
         # CPU LoRA ops in every step, adapter or not (all of them: 0.58x the decode speed).
         "cfg_lora_targets": " ".join(cfg.trainer.lora_targets),

@@ -43,8 +43,30 @@ class VllmReloadSwap(_Strict):
 
 
 class VllmNcclSwap(_Strict):
+    """vLLM's NCCL weight transfer: the trainer's rank 0 and this server's workers form one
+    NCCL group per endpoint (the trainer at rank 0, the workers at 1..world_size). The server
+    is started with `--weight-transfer-config '{"backend": "nccl"}'` in dev mode
+    (scripts/inference.sh does it for such an endpoint)."""
+
     type: Literal["vllm-nccl"] = "vllm-nccl"
-    timeout_s: float = Field(120.0, gt=0, description="deadline of one NCCL transfer")
+    timeout_s: float = Field(120.0, gt=0, description="deadline of every NCCL step (the "
+                             "rendezvous, one version's broadcast, each control call)")
+    master_address: str | None = Field(
+        None, description="the trainer host's address as this server's workers reach it (the "
+        "NCCL rendezvous listens there). None: this host's name resolved, refused when that is "
+        "a loopback address and the server is on another host")
+    port_range: tuple[int, int] | None = Field(
+        None, description="[first, last] TCP ports the trainer may listen on for the rendezvous "
+        "(open them between the hosts). None: any free port")
+
+    @model_validator(mode="after")
+    def _ports(self) -> VllmNcclSwap:
+        if self.port_range is not None:
+            lo, hi = self.port_range
+            if not 1024 <= lo <= hi <= 65535:
+                raise ValueError(f"weight_swap.port_range {list(self.port_range)}: need "
+                                 "1024 <= first <= last <= 65535")
+        return self
 
 
 class NoSwap(_Strict):

@@ -11,7 +11,7 @@ from structlog.testing import capture_logs
 
 from spade_async.config import EndpointConfig, PoolConfig, SpadeConfig, VllmNcclSwap
 from spade_async.endpoints.pool import EndpointPool
-from spade_async.endpoints.swap import NcclSwapper, SwapError, make_swapper
+from spade_async.endpoints.swap import NcclSwapper, SwapError, WedgedServer, make_swapper
 from spade_async.testing.fake_openai import FakeOpenAIServer, FakeState, _free_port
 from trainer.config import TrainerConfig
 from trainer.publish import Publisher, PublishError, read_current
@@ -64,6 +64,9 @@ class FakeTransfer:
         self.state.nccl_wire.extend(sent)
         self.events.append("send")
 
+    def set_weights(self, state: dict) -> None:
+        self.events.append("set_weights")
+
     def close(self) -> None:
         self.events.append("close")
 
@@ -97,28 +100,140 @@ async def test_nccl_swap_request_sequence(tmp_path):
     assert r1.model == r2.model == "policy"
 
 
-async def test_nccl_failed_update_tears_down_resumes_and_reconnects_next_time(tmp_path):
+async def test_nccl_failed_broadcast_holds_the_server_paused_until_the_next_publish(tmp_path):
+    """Tensors that do not match what was announced fail the update after some may have
+    landed: the server's weights are part old, part new, so it stays paused (it must not
+    serve them), the session is ended, the group torn down; the next publish sets the group
+    up again, replaces every weight and resumes it."""
     with FakeOpenAIServer(FakeState(nccl_world_size=1, nccl_wait_s=1.0)) as server:
         async with EndpointPool([_endpoint(server)], POOL) as pool:
             swapper = make_swapper(pool, "gpu", "policy")
             transfer = FakeTransfer(server.state)
             swapper.attach(transfer)
             transfer.corrupt = True
-            with pytest.raises(SwapError, match="does not match update_info"):
-                await swapper.swap(1, tmp_path)
-            assert not swapper.connected and not server.state.paused
+            with capture_logs() as logs:
+                with pytest.raises(SwapError, match="does not match update_info"):
+                    await swapper.swap(1, tmp_path)
+            assert not swapper.connected and swapper.held_paused and server.state.paused
             assert "close" in transfer.events
-            assert server.state.weight_version is None
+            assert server.state.weight_version is None and not server.state.nccl_updating
+            assert "nccl_partial_update_server_held_paused" in [e["event"] for e in logs]
             transfer.corrupt = False
             await swapper.swap(2, tmp_path)
+            assert not swapper.held_paused and not server.state.paused
     log = server.state.request_log
     failed = log.index("POST /shutdown_weight_transfer_engine")
-    assert log[:failed] == ["GET /get_world_size?include_dp=true", "POST /init_weight_transfer_engine",
-                            *ONE_UPDATE[:3], "POST /resume"]
+    # no resume after the failure; finish ends the session (the failed update already had:
+    # vLLM answers 500, which is fine)
+    assert log[:failed] == ["GET /get_world_size?include_dp=true",
+                            "POST /init_weight_transfer_engine", *ONE_UPDATE[:3],
+                            "POST /finish_weight_update"]
     # the next version sets the group up again before updating
     assert log[failed + 1:] == ["GET /get_world_size?include_dp=true", "POST /init_weight_transfer_engine",
                                 *ONE_UPDATE]
     assert server.state.weight_version == "2"
+
+
+async def test_nccl_trainer_dying_before_the_broadcast_ends_the_session_and_resumes(tmp_path):
+    """The trainer side fails before sending a tensor (here: its broadcast raises at once):
+    the server got nothing, so the session is ended and the server resumes on its weights;
+    the next publish can start (a session left open would refuse it)."""
+    with FakeOpenAIServer(FakeState(nccl_world_size=1, nccl_wait_s=1.0)) as server:
+        async with EndpointPool([_endpoint(server)], POOL) as pool:
+            swapper = make_swapper(pool, "gpu", "policy")
+            transfer = FakeTransfer(server.state)
+            swapper.attach(transfer)
+            transfer.update_info = lambda: (_ for _ in ()).throw(RuntimeError("CUDA error"))
+            with pytest.raises(RuntimeError, match="CUDA error"):
+                await swapper.swap(1, tmp_path)
+            assert not server.state.nccl_updating and not server.state.paused
+            del transfer.update_info
+            await swapper.swap(2, tmp_path)
+    assert server.state.request_log.count("POST /start_weight_update") == 2
+    assert server.state.weight_version == "2" and not server.state.paused
+
+
+async def test_nccl_wedged_server_is_reported_with_its_remedy(tmp_path):
+    """The trainer died mid-broadcast: the worker waits in NCCL for ever (no timeout in NCCL),
+    so /update_weights and the session's end never answer. Every step has a deadline, nothing
+    is sent twice, and the error names the one remedy."""
+    state = FakeState(nccl_world_size=1, nccl_wait_s=1.0)
+    with FakeOpenAIServer(state) as server:
+        ep = EndpointConfig(name="gpu", base_url=server.base_url, request_timeout_s=1,
+                            weight_swap=VllmNcclSwap(timeout_s=1.5))
+        async with EndpointPool([ep], PoolConfig(max_attempts=4, backoff_initial_s=0.01,
+                                                 wait_for_endpoint_s=2)) as pool:
+            swapper = make_swapper(pool, "gpu", "policy")
+            transfer = FakeTransfer(state)
+            swapper.attach(transfer)
+            await swapper.swap(1, tmp_path)  # the group is up
+            state.nccl_stuck = True
+            transfer.send = lambda: time.sleep(0.1)  # the trainer sends nothing, returns
+            t0 = time.monotonic()
+            with pytest.raises(WedgedServer, match="restart that inference server"):
+                await swapper.swap(2, tmp_path)
+            assert time.monotonic() - t0 < 60
+    log = state.request_log
+    # a collective or session call is never retried (max_attempts 4 for everything else)
+    assert log.count("POST /update_weights") == 2 and log.count("POST /start_weight_update") == 2
+    tail = log[log.index("POST /update_weights", len(ONE_UPDATE)):]
+    # the session's end is asked once; the (idempotent) shutdown may be retried; no resume
+    assert tail[1] == "POST /finish_weight_update" and tail.count("POST /finish_weight_update") == 1
+    assert set(tail[2:]) == {"POST /shutdown_weight_transfer_engine"}
+    assert swapper.held_paused
+
+
+async def test_nccl_finish_failing_is_sent_once_and_holds_the_server(tmp_path):
+    state = FakeState(nccl_world_size=1, nccl_fail_finish=1)
+    with FakeOpenAIServer(state) as server:
+        async with EndpointPool([_endpoint(server)], PoolConfig(max_attempts=4,
+                                backoff_initial_s=0.01, wait_for_endpoint_s=2)) as pool:
+            swapper = make_swapper(pool, "gpu", "policy")
+            swapper.attach(FakeTransfer(state))
+            with pytest.raises(SwapError, match="injected finish failure"):
+                await swapper.swap(1, tmp_path)
+            # sent once by the swap, once more to end the session (which clears it here)
+            assert state.request_log.count("POST /finish_weight_update") == 2
+            assert swapper.held_paused and state.paused and not state.nccl_updating
+            await swapper.swap(2, tmp_path)
+    assert state.weight_version == "2" and not state.paused
+
+
+@pytest.mark.parametrize("n", [1, 2, 4])
+def test_publisher_one_nccl_group_per_endpoint(tmp_path, n):
+    """N vllm-nccl servers: N transfers (own port, own group, rank_offset 1, world size 1 +
+    that server's workers), published one after another, each receiving every tensor."""
+    tcfg = TrainerConfig(mode="full", publish_attempts=1)
+    version_dir = tmp_path / "weights" / "v1"
+    version_dir.mkdir(parents=True)
+    (version_dir / "model.safetensors").write_bytes(b"not read")
+    servers = [FakeOpenAIServer(FakeState(nccl_world_size=1 + i % 2)).start() for i in range(n)]
+    try:
+        eps = [_endpoint(s, f"gpu{i}") for i, s in enumerate(servers)]
+        made: dict[str, FakeTransfer] = {}
+
+        def make(e: EndpointConfig) -> FakeTransfer:
+            made[e.name] = FakeTransfer(servers[int(e.name[3:])].state)
+            return made[e.name]
+
+        with Publisher(_cfg(tmp_path, *eps), tcfg, transfers=make) as pub:
+            pub.set_weights({"w": None})
+            report = pub.publish(1, version_dir)
+            pub.publish(2, version_dir)
+    finally:
+        for s in servers:
+            s.stop()
+    assert set(report.swap_seconds) == {f"gpu{i}" for i in range(n)}
+    assert len({id(t) for t in made.values()}) == n
+    for i, s in enumerate(servers):
+        assert s.state.nccl_init["rank_offset"] == 1
+        assert s.state.nccl_init["world_size"] == 2 + i % 2
+        assert s.state.nccl_received == TENSORS and s.state.weight_version == "2"
+        assert made[f"gpu{i}"].events == ["set_weights", f"rendezvous({1 + i % 2})",
+                                          "connect", "send", "send"]
+    # one at a time: no two servers inside /update_weights at once
+    spans = sorted((s.state.update_spans[0]) for s in servers)
+    assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:], strict=False))
 
 
 async def test_nccl_swapper_without_the_trainer_transfer_refuses(tmp_path):
@@ -143,7 +258,7 @@ def test_publisher_pushes_every_endpoint_then_records_the_version(tmp_path):
         reload_ep = EndpointConfig(name="cpu", base_url=cpu.base_url,
                                    weight_swap={"type": "vllm-reload"})
         cfg = _cfg(tmp_path, _endpoint(gpu), reload_ep)
-        with Publisher(cfg, tcfg, transfer=FakeTransfer(gpu.state)) as pub:
+        with Publisher(cfg, tcfg, transfers=lambda e: FakeTransfer(gpu.state)) as pub:
             report = pub.publish(3, version_dir)
     assert report.model == "policy" and set(report.swap_seconds) == {"gpu", "cpu"}
     assert gpu.state.weight_version == "3" and cpu.state.weight_version == "3"
@@ -202,3 +317,79 @@ def test_a_restarted_server_gets_the_published_version_back(tmp_path, swap):
         assert server.state.weights_path == str(version_dir.resolve())
     assert [e["event"] for e in logs if e["log_level"] != "debug"][:1] == ["endpoint_lost_version"]
     assert read_current(tmp_path / "weights") == 2
+
+
+def test_master_address_port_range_and_version_checks(monkeypatch):
+    from trainer import nccl_transfer as nt
+
+    # A server on another host and a hostname that resolves to loopback (Debian's 127.0.1.1):
+    # the workers would dial themselves. Refused, naming the field to set.
+    monkeypatch.setattr(nt.socket, "gethostbyname", lambda _h: "127.0.1.1")
+    with pytest.raises(nt.NcclTransferError, match="set weight_swap.master_address"):
+        nt.resolve_master_address(None, "gpu1", "http://10.0.0.7:8000")
+    assert nt.resolve_master_address(None, "local", "http://127.0.0.1:8000") == "127.0.1.1"
+    assert nt.resolve_master_address("10.0.0.2", "gpu1", "http://10.0.0.7:8000") == "10.0.0.2"
+    # Ports: within the configured range, skipping taken ones.
+    lo = _free_port()
+    assert nt.pick_port("127.0.0.1", (lo, lo)) == lo
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", lo))
+        with pytest.raises(nt.NcclTransferError, match="no free port in weight_swap.port_range"):
+            nt.pick_port("127.0.0.1", (lo, lo))
+    # One vLLM on both sides of the wire.
+    nt.check_vllm_version("0.32.0", "gpu0", trainer="0.32.0+cu128")
+    with pytest.raises(nt.NcclTransferError, match="runs vLLM 0.34.0 but the trainer has vLLM "
+                       "0.32.0"):
+        nt.check_vllm_version("0.34.0", "gpu0", trainer="0.32.0")
+    with pytest.raises(ValueError, match="port_range"):
+        VllmNcclSwap(port_range=(30000, 20000))
+
+
+def test_publisher_refuses_a_server_on_another_vllm_version(tmp_path):
+    """The start-up check reads each vllm-nccl server's /version (vLLM's own route, via the
+    capability probe) and refuses a mismatch in one line, before any publish."""
+    from trainer.nccl_transfer import NcclTransferError, check_vllm_version
+
+    with FakeOpenAIServer(FakeState(nccl_world_size=1)) as gpu:
+        app_routes = gpu.state  # the fake answers GET /version as vLLM does
+        cfg = _cfg(tmp_path, _endpoint(gpu))
+        tcfg = TrainerConfig(mode="full")
+        gpu.state.version = "0.34.0"
+        with pytest.raises(NcclTransferError, match="endpoint 'gpu' runs vLLM 0.34.0 but the "
+                           "trainer has vLLM 0.32.0"):
+            with Publisher(cfg, tcfg, transfers=lambda e: FakeTransfer(app_routes),
+                           server_version_check=lambda v, name: check_vllm_version(
+                               v, name, trainer="0.32.0")):
+                pass
+        gpu.state.version = "0.32.0"
+        with Publisher(cfg, tcfg, transfers=lambda e: FakeTransfer(app_routes),
+                       server_version_check=lambda v, name: check_vllm_version(
+                           v, name, trainer="0.32.0")) as pub:
+            assert list(pub.transfers) == ["gpu"]
+
+
+def test_inference_script_starts_nccl_servers_with_weight_transfer(tmp_path, checkpoint):
+    """scripts/inference.sh passes --weight-transfer-config for a vllm-nccl endpoint (vLLM
+    answers /init_weight_transfer_engine with 500 "not configured" without it), and not for
+    others. A stub interpreter prints the command line instead of starting vLLM."""
+    import os
+    import subprocess
+
+    from spade_async.endpoints.launch import REPO
+
+    stub = tmp_path / "python"
+    stub.write_text("#!/bin/sh\necho \"$@\"\n")
+    stub.chmod(0o755)
+    out = {}
+    for cfg in ("gpu-node.toml", "embedded.toml"):
+        env = dict(os.environ, SPADE_CONFIG=f"configs/{cfg}", SPADE_VLLM_PYTHON=str(stub),
+                   SPADE_VLLM_DEVICE="gpu", SPADE_MODEL_DIR=str(checkpoint))
+        proc = subprocess.run(["bash", "scripts/inference.sh"], cwd=REPO, env=env,
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        out[cfg] = proc.stdout
+    assert '--weight-transfer-config {"backend": "nccl"}' in out["gpu-node.toml"]
+    assert "--weight-transfer-config" not in out["embedded.toml"]
+    assert "--enable-lora" in out["embedded.toml"]

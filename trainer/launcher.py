@@ -51,6 +51,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # Heavy imports after the config is known to be good.
     from trainer.loop import StepInterrupted, Trainer
+    from trainer.nccl_transfer import NcclTransferError
     from trainer.parallel import process_group
     from trainer.publish import PublishConfigError
 
@@ -73,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 signal.signal(sig, stop)
             trainer.run()
-    except PublishConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    except (PublishConfigError, NcclTransferError) as exc:  # endpoints this trainer cannot
+        print(f"error: {exc}", file=sys.stderr)             # publish to: one line, exit 2
         return 2
     return 0

@@ -259,7 +259,7 @@ class Trainer:
             self.publisher = None
             if self.publishing and d.is_main:
                 self.publisher = stack.enter_context(Publisher(self.cfg, tcfg,
-                                                               transfer=self._transfer()))
+                                                               **self._transfers()))
             self._resume_publish()
             log.info("trainer_started", rank=d.rank, world_size=d.world_size, mode=tcfg.mode,
                      parallel=tcfg.parallel, backend=d.backend, step=self.state.step,
@@ -381,15 +381,28 @@ class Trainer:
 
     # ---- versions ------------------------------------------------------------------------------
 
-    def _transfer(self) -> Any:
+    def _transfers(self) -> dict[str, Any]:
+        """The Publisher's NCCL arguments: one transfer per vllm-nccl endpoint, built on this
+        rank's device, and the vLLM version check (both only where such endpoints exist)."""
         if not any(e.weight_swap.type == "vllm-nccl" for e in self.cfg.endpoints):
-            return None
-        from trainer.nccl_transfer import NcclWeightTransfer
+            return {}
+        from trainer.nccl_transfer import (
+            NcclWeightTransfer,
+            check_vllm_version,
+            resolve_master_address,
+        )
 
-        return NcclWeightTransfer(self.d.device)
+        def make(e: Any) -> NcclWeightTransfer:
+            swap = e.weight_swap
+            return NcclWeightTransfer(
+                self.d.device, port_range=swap.port_range,
+                master_address=resolve_master_address(swap.master_address, e.name, e.base_url))
+
+        return {"transfers": make, "server_version_check": check_vllm_version}
 
     def _export(self, version: int) -> Path:
-        transfer = self.publisher.transfer if self.publisher is not None else None
+        transfer = (self.publisher if self.publisher is not None and self.publisher.transfers
+                    else None)
         return export_version(self.runner, self.kind or "adapter", self.weights, version,
                               transfer=transfer)
 

@@ -17,6 +17,7 @@ import json
 import re
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ from typing import Any
 import anyio
 from anyio.from_thread import start_blocking_portal
 
-from spade_async.config import SpadeConfig
+from spade_async.config import EndpointConfig, SpadeConfig
 from spade_async.endpoints.pool import EndpointError, EndpointPool
 from spade_async.endpoints.swap import (
     LoraSwapper,
@@ -104,13 +105,21 @@ def artifact_kind(cfg: SpadeConfig, tcfg: TrainerConfig) -> str:
 class Publisher:
     """`with Publisher(cfg, tcfg) as pub: pub.publish(version, path)` (rank 0)."""
 
-    def __init__(self, cfg: SpadeConfig, tcfg: TrainerConfig, *, transfer: Any = None) -> None:
+    def __init__(self, cfg: SpadeConfig, tcfg: TrainerConfig, *,
+                 transfers: Callable[[EndpointConfig], Any] | None = None,
+                 server_version_check: Callable[[str, str], None] | None = None) -> None:
+        """`transfers(endpoint)` builds the trainer's side of one vllm-nccl endpoint's NCCL
+        group (one each: see trainer/nccl_transfer.py); `server_version_check(version,
+        endpoint)` raises when a vllm-nccl server's vLLM is not the trainer's."""
         self.cfg, self.tcfg = cfg, tcfg
         self.kind = artifact_kind(cfg, tcfg)
         self.root = weights_root(cfg)
         self.endpoints = [e for e in cfg.endpoints if e.weight_swap.type != "none"]
-        self.needs_transfer = any(e.weight_swap.type == "vllm-nccl" for e in self.endpoints)
-        self.transfer = transfer
+        self.nccl = [e for e in self.endpoints if e.weight_swap.type == "vllm-nccl"]
+        self.needs_transfer = bool(self.nccl)
+        self._make_transfer = transfers
+        self._version_check = server_version_check
+        self.transfers: dict[str, Any] = {}
         self.swappers: dict[str, WeightSwapper] = {}
         self._stack = contextlib.ExitStack()
 
@@ -125,9 +134,12 @@ class Publisher:
             served = self.cfg.model.served_name
             for e in self.endpoints:
                 swapper = make_swapper(self.pool, e.name, served)
-                if isinstance(swapper, NcclSwapper) and self.transfer is not None:
-                    swapper.attach(self.transfer)
+                if isinstance(swapper, NcclSwapper) and self._make_transfer is not None:
+                    self.transfers[e.name] = self._make_transfer(e)
+                    swapper.attach(self.transfers[e.name])
                 self.swappers[e.name] = swapper
+            if self._version_check is not None and self.nccl:
+                self.portal.call(self._check_versions)
         except BaseException:
             self._stack.close()
             raise
@@ -135,6 +147,22 @@ class Publisher:
 
     def __exit__(self, *exc: object) -> None:
         self._stack.close()
+
+    async def _check_versions(self) -> None:
+        """Each vllm-nccl server's vLLM must be the trainer's (one wire format); a server not
+        up yet is checked when it is (the publish's own errors then say what is wrong)."""
+        assert self._version_check is not None
+        for health in await self.pool.check():
+            caps = health.capabilities
+            if health.name not in self.transfers or caps is None:
+                continue
+            if caps.server.startswith("vLLM "):
+                self._version_check(caps.server.removeprefix("vLLM "), health.name)
+
+    def set_weights(self, state: dict[str, Any]) -> None:
+        """The full weights of the version to send next, to every endpoint's NCCL group."""
+        for transfer in self.transfers.values():
+            transfer.set_weights(state)
 
     # ---- state -------------------------------------------------------------------------------
 
@@ -250,9 +278,17 @@ class Publisher:
                 swap_s[name] = round(result.seconds, 4)
                 return
 
+        async def push_in_turn(names: list[str]) -> None:
+            for name in names:  # one NCCL group at a time: each broadcast has the GPU's links
+                await push(name, self.swappers[name])
+
+        nccl = [e.name for e in self.nccl]
         async with anyio.create_task_group() as tg:
             for name, swapper in self.swappers.items():
-                tg.start_soon(push, name, swapper)
+                if name not in nccl:
+                    tg.start_soon(push, name, swapper)
+            if nccl:
+                tg.start_soon(push_in_turn, nccl)
         if failures:
             raise PublishError(version, failures)
         return swap_s, attempts

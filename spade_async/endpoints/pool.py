@@ -607,9 +607,11 @@ class EndpointPool:
         parse: Callable[[dict[str, Any], str], Any] | None = None,
         group: str | None = None,
         need: str | None = None,
+        attempts: int | None = None,
     ) -> tuple[str, Any]:
         """POST with routing and retries; returns (endpoint name, JSON body or `parse(body,
-        endpoint)`).
+        endpoint)`). `attempts` caps the tries (default `pool.max_attempts`): 1 for a call
+        that must never be sent twice (an NCCL collective: a duplicate blocks for ever).
 
         `endpoint` pins the request to one server (admin calls such as loading an adapter);
         otherwise `model` restricts routing to servers that serve it, `group` to one endpoint
@@ -623,6 +625,7 @@ class EndpointPool:
         start = time.monotonic()
         last: _Retryable | None = None
         last_ep: str | None = None
+        max_attempts = self.cfg.max_attempts if attempts is None else max(1, attempts)
         attempts = 0
 
         def fail(cls: type[EndpointUnavailable], what: str, **kw: Any) -> EndpointUnavailable:
@@ -634,7 +637,7 @@ class EndpointPool:
                        elapsed_s=round(time.monotonic() - start, 3), **kw)
 
         with anyio.move_on_after(math.inf if deadline_s is None else deadline_s) as scope:
-            for attempt in range(self.cfg.max_attempts):
+            for attempt in range(max_attempts):
                 if endpoint is not None:
                     ep = self._get(endpoint)
                     if ep.not_before > time.monotonic():  # a pinned call honours a 429 too
@@ -703,7 +706,7 @@ class EndpointPool:
                     if model is not None:
                         ep.model_in_flight[model] -= 1
                     self._release(ep)
-                if attempt + 1 < self.cfg.max_attempts:
+                if attempt + 1 < max_attempts:
                     await anyio.sleep(self._backoff(attempt))
         if scope.cancelled_caught:
             errors.append(f"deadline of {deadline_s:g}s passed")

