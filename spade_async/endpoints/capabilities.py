@@ -101,6 +101,10 @@ async def _post(client: httpx.AsyncClient, path: str, body: dict[str, Any],
         data = resp.json()
     except ValueError:
         data = None
+    if resp.status_code == 200 and not (isinstance(data, dict) and _choice(data) is not None):
+        # A 2xx that is not an answer (cut short, garbled by a proxy) says nothing of what the
+        # server can do: known next time.
+        raise ProbeUnanswered(f"POST {path}: HTTP 200 with a malformed body")
     return resp.status_code, data, _short(resp)
 
 

@@ -270,6 +270,7 @@ class _Endpoint:
         # What the server can do (probed once up, again after each outage); None: not yet.
         self.caps: Capabilities | None = None
         self.reprobe = False  # set by an outage: probe again when it is back
+        self.probing = False
         self.not_before = -math.inf  # a 429's Retry-After: no requests here until then
 
     @property
@@ -340,12 +341,20 @@ class EndpointPool:
                 await ep.client.aclose()
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        """Health loop: probes every endpoint each `health_interval_s`; ready after the first pass."""
+        """Health loop: probes every endpoint each `health_interval_s`; ready after the first
+        pass (which probes capabilities too, so start-up checks can read them). Later
+        capability probes (an endpoint back from an outage) run beside the loop: a server that
+        answers slowly never holds up its own return to rotation."""
         await self.check()
         task_status.started()
-        while True:
-            await anyio.sleep(self.cfg.health_interval_s)
-            await self.check()
+        async with anyio.create_task_group() as tg:
+            while True:
+                await anyio.sleep(self.cfg.health_interval_s)
+                for h in await self.check(capabilities=False):
+                    ep = self._get(h.name)
+                    if h.up and h.models and (ep.caps is None or ep.reprobe) and not ep.probing:
+                        ep.probing = True
+                        tg.start_soon(self._probe_capabilities, ep, h.models[0])
 
     # ---- introspection ---------------------------------------------------------------------
 
@@ -390,19 +399,21 @@ class EndpointPool:
 
     # ---- health ----------------------------------------------------------------------------
 
-    async def check(self) -> list[EndpointHealth]:
-        """Probe all endpoints concurrently; updates their up/down state and served models."""
+    async def check(self, *, capabilities: bool = True) -> list[EndpointHealth]:
+        """Probe all endpoints concurrently; updates their up/down state and served models,
+        and (with `capabilities`) probes the capabilities of those not probed since they
+        came up."""
         results: dict[str, EndpointHealth] = {}
 
         async def probe(ep: _Endpoint) -> None:
-            results[ep.name] = await self._probe(ep)
+            results[ep.name] = await self._probe(ep, capabilities)
 
         async with anyio.create_task_group() as tg:
             for ep in self._endpoints:
                 tg.start_soon(probe, ep)
         return [results[ep.name] for ep in self._endpoints]
 
-    async def _probe(self, ep: _Endpoint) -> EndpointHealth:
+    async def _probe(self, ep: _Endpoint, capabilities: bool = True) -> EndpointHealth:
         start = time.perf_counter()
         models: list[str] = []
         adapters: list[str] = []
@@ -427,9 +438,10 @@ class EndpointPool:
             refused = isinstance(exc, httpx.TransportError) and not isinstance(
                 exc, httpx.TimeoutException)
         if error is None:
-            if (ep.caps is None or ep.reprobe) and models:
-                await self._probe_capabilities(ep, models[0])
             self._mark_up(ep, frozenset(models + adapters))
+            if capabilities and (ep.caps is None or ep.reprobe) and models and not ep.probing:
+                ep.probing = True
+                await self._probe_capabilities(ep, models[0])
             return EndpointHealth(
                 ep.name, ep.cfg.base_url, True, round(latency, 2), tuple(models), tuple(adapters),
                 version, ep.in_flight, group=ep.cfg.group, capabilities=ep.caps,
@@ -446,6 +458,8 @@ class EndpointPool:
         except ProbeUnanswered as exc:  # busy or gone: known next time
             log.info("capability_probe_unanswered", endpoint=ep.name, reason=str(exc))
             return
+        finally:
+            ep.probing = False
         if ep.caps is None or ep.caps.as_dict() | {"probed_at": 0} != caps.as_dict() | {
                 "probed_at": 0}:
             log.info("endpoint_capabilities", endpoint=ep.name, server=caps.server,
