@@ -136,7 +136,9 @@ def model_prepare(config: Path = ConfigOpt) -> None:
 
 @endpoints_app.command("check")
 def endpoints_check(config: Path = ConfigOpt, as_json: bool = JsonOpt) -> None:
-    """Probe every endpoint: up/down, latency, models and adapters served, weight version."""
+    """Probe every endpoint: up/down, latency, models and adapters served, weight version,
+    capabilities, and whether each role can run where the config puts it. Exit 0: all up and
+    servable; 1: an endpoint is down; 3: all up, but a role lacks a capability (listed)."""
     from spade_async.endpoints.pool import EndpointError, EndpointPool
 
     cfg = _config(config)
@@ -193,8 +195,10 @@ def endpoints_check(config: Path = ConfigOpt, as_json: bool = JsonOpt) -> None:
                        + (", trained on" if r["trained"] else ""))
         for p in problems:
             typer.echo(f"problem: {p}")
-    if not all(h.up for h in health) or problems:
+    if not all(h.up for h in health):
         raise typer.Exit(1)
+    if problems:  # every endpoint answers, but a role cannot run where the config puts it
+        raise typer.Exit(3)
 
 
 def _check_endpoint_secrets(cfg: Any) -> None:

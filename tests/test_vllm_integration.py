@@ -122,7 +122,7 @@ async def test_full_reload_changes_output_and_version_shows_in_check(vllm_server
             args = ["endpoints", "check", "--json", "--config", str(cfg)]
             res = await anyio.to_thread.run_sync(CliRunner().invoke, app, args)
             assert res.exit_code == 0, res.output
-            (report,) = json.loads(res.stdout)
+            (report,) = json.loads(res.stdout)["endpoints"]
             assert report["up"] and report["weight_version"] == "5"
             assert report["models"] == ["policy"] and report["latency_ms"] > 0
         finally:
