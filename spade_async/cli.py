@@ -634,6 +634,18 @@ def _moves(counters: dict) -> dict | None:
             for m in DESIGN_MOVES}
 
 
+def _saturation_text(run: dict | None) -> str:
+    """The run's mean saturation, split by whether the daemon waited for the trainer."""
+    if not run or run.get("mean") is None:
+        return ""
+    out = f"; run mean {run['mean']:.0%}"
+    if run.get("trainer_wait_share"):
+        running = "-" if run.get("running") is None else f"{run['running']:.0%}"
+        out += (f" ({running} while not waiting for the trainer, which it did "
+                f"{run['trainer_wait_share']:.0%} of the time)")
+    return out
+
+
 def _status_lines(st: dict, cfg: SpadeConfig) -> list[str]:
     """`spade status` at a glance: one line per part of the loop."""
     c, t = st.get("counters", {}), st["trainer"]
@@ -656,7 +668,8 @@ def _status_lines(st: dict, cfg: SpadeConfig) -> list[str]:
                      + (f", {ep['server']} ({'+'.join(ep['paths']) or 'no path'})"
                         if ep.get("server") else "")
                      + (f", rate-limited {ep['rate_limited_s']:g} s more"
-                        if ep.get("rate_limited_s") else ""))
+                        if ep.get("rate_limited_s") else "")
+                     + _saturation_text(ep.get("saturation_run")))
     roles = st.get("roles") or {}
     if any(r.get("group") != "default" or r.get("model") for r in roles.values()):
         lines.append("roles      " + "; ".join(

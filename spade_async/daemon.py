@@ -209,6 +209,10 @@ class Daemon:
         self.started = time.time()
         self.in_flight: Counter[str] = Counter()
         self._load_samples: dict[str, deque[float]] = {}  # endpoint saturation, last minute
+        # Saturation over the run, per endpoint and phase ("running", or "trainer_wait" while
+        # back-pressure holds new work): [saturation-seconds, seconds] (DESIGN §10).
+        self._sat: dict[str, dict[str, list[float]]] = {}
+        self._sat_prev: dict[str, tuple[float, float]] = {}
         self._rng = random.Random(cfg.corpus.seed)
         self.stop_requested = anyio.Event()  # the CLI starts its drain deadline on it
         self.stop_reason: str | None = None
@@ -1054,6 +1058,7 @@ class Daemon:
             ep["saturation"] = round(ep["in_flight"] / ep["max_concurrency"], 3)
             ep["saturation_mean_60s"] = (round(sum(samples) / len(samples), 3)
                                          if samples else None)
+            ep["saturation_run"] = self.saturation_run(ep["name"])
         return {
             "pid": os.getpid(),
             "updated_at": time.time(),
@@ -1093,9 +1098,40 @@ class Daemon:
                 window = self._load_samples.setdefault(ep["name"], deque(maxlen=max(
                     1, round(60 / self.cfg.daemon.status_interval_s))))
                 window.append(ep["in_flight"] / ep["max_concurrency"])
+                self._account_saturation(ep["name"])
             m.queue_depth.set(self._queue_depth())
             await anyio.to_thread.run_sync(self._write_status)
             await anyio.sleep(self.cfg.daemon.status_interval_s)
+
+    def _account_saturation(self, name: str) -> None:
+        """Add the time since the last tick to the run's saturation of endpoint `name`, in the
+        phase the daemon is in now (waiting for the trainer or not)."""
+        area, now = self.pool.saturation_area(name), time.monotonic()
+        prev = self._sat_prev.get(name)
+        self._sat_prev[name] = (area, now)
+        if prev is None:
+            return
+        phase = "trainer_wait" if self.waiting_for_trainer else "running"
+        acc = self._sat.setdefault(name, {"running": [0.0, 0.0], "trainer_wait": [0.0, 0.0]})
+        acc[phase][0] += area - prev[0]
+        acc[phase][1] += now - prev[1]
+        for ph, (a, t) in acc.items():
+            if t > 0:
+                self.metrics.endpoint_saturation.labels(name, ph).set(round(a / t, 4))
+
+    def saturation_run(self, name: str) -> dict[str, Any] | None:
+        """Mean saturation of endpoint `name` over the run: in all, while running, while
+        waiting for the trainer, and the share of the time spent waiting."""
+        acc = self._sat.get(name)
+        if not acc:
+            return None
+        (ra, rt), (wa, wt) = acc["running"], acc["trainer_wait"]
+        total = rt + wt
+        return {"mean": round((ra + wa) / total, 4) if total else None,
+                "running": round(ra / rt, 4) if rt else None,
+                "trainer_wait": round(wa / wt, 4) if wt else None,
+                "trainer_wait_share": round(wt / total, 4) if total else None,
+                "seconds": round(total, 1)}
 
     def _queue_depth(self) -> int:
         stream = getattr(self, "_send_env", None)

@@ -30,6 +30,10 @@ class Metrics:
                                registry=r)
         self.endpoint_in_flight = Gauge("spade_endpoint_in_flight", "requests in flight",
                                         ["endpoint"], registry=r)
+        self.endpoint_saturation = Gauge(
+            "spade_endpoint_saturation", "mean share of max_concurrency in flight over the run, "
+            "by phase (running, or trainer_wait while back-pressure holds new work)",
+            ["endpoint", "phase"], registry=r)
         self.failures = Counter("spade_failures", "expected failures of work items, by stage "
                                 "and kind (deadline, timeout, connection, http_5xx, ...)",
                                 ["stage", "kind"], registry=r)

@@ -609,7 +609,18 @@ def summary(cfg: SpadeConfig, d: RunData) -> dict[str, Any]:
         "curriculum": curriculum_table(fams),
         "curriculum_families": fams,
         "probe": probe_summary(d.evals),
+        "saturation": _saturation(cfg),
     }
+
+
+def _saturation(cfg: SpadeConfig) -> dict[str, Any]:
+    """Per endpoint, the run's mean saturation from the daemon's last status (while running,
+    while waiting for the trainer, and the share of time it waited)."""
+    try:
+        st = json.loads((run_dir(cfg) / "status.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return {ep["name"]: ep.get("saturation_run") for ep in st.get("endpoints", [])}
 
 
 def write_report(cfg: SpadeConfig, out: Path,

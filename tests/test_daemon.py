@@ -186,6 +186,15 @@ async def test_trainer_back_pressure_holds_new_documents_until_batches_are_taken
                 await until(lambda: spool.last_seq() > seq, "next batch")  # noqa: B023
     assert daemon.iterations == 3 and spool.last_seq() == 3
     assert daemon.counters["trainer_waits"] == 2 and trainer_side.taken_seq() == 2
+    # Saturation over the run is split by phase: the held seconds (>= 2 x 0.5 s here, with
+    # nothing in flight) count as waiting for the trainer, not against the endpoint.
+    run = daemon.saturation_run("fake")
+    assert run is not None and run["seconds"] > 1.0
+    assert run["trainer_wait_share"] > 0.1 and run["trainer_wait"] < 0.2
+    assert run["running"] is not None and run["running"] > run["trainer_wait"]
+    reg = daemon.metrics.registry
+    assert reg.get_sample_value("spade_endpoint_saturation",
+                                {"endpoint": "fake", "phase": "trainer_wait"}) is not None
 
 
 async def test_document_whose_designs_all_failed_is_designed_again_not_used_up(fake, tmp_path):

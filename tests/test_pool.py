@@ -204,3 +204,29 @@ def test_config_mistakes_are_named():
     cfg = EndpointConfig(name="x", base_url="http://127.0.0.1:1")
     with pytest.raises(Exception, match="unique"):
         EndpointPool([cfg, cfg], FAST)
+
+
+async def test_saturation_area_integrates_in_flight_over_time():
+    """The pool's saturation integral: 4 requests of ~0.4 s on a limit of 4 fill it (area ~0.4
+    saturation-seconds), 2 at once half of it; idle time adds nothing."""
+    import time
+
+    with FakeOpenAIServer() as server:
+        server.state.request_latency_s = 0.4
+        async with EndpointPool([_cfg(server, "a", limit=4)], FAST) as pool:
+            msg = [{"role": "user", "content": "x"}]
+
+            async def burst(n: int) -> float:
+                a0, t0 = pool.saturation_area("a"), time.monotonic()
+                async with anyio.create_task_group() as tg:
+                    for _ in range(n):
+                        tg.start_soon(lambda: pool.chat(msg, model="policy", max_tokens=1))
+                return (pool.saturation_area("a") - a0) / (time.monotonic() - t0)
+
+            full = await burst(4)
+            await anyio.sleep(0.3)
+            idle0 = pool.saturation_area("a")
+            await anyio.sleep(0.3)
+            assert pool.saturation_area("a") == pytest.approx(idle0, abs=1e-6)
+            half = await burst(2)
+    assert 0.85 <= full <= 1.0 and 0.4 <= half <= 0.5

@@ -272,6 +272,23 @@ class _Endpoint:
         self.reprobe = False  # set by an outage: probe again when it is back
         self.probing = False
         self.not_before = -math.inf  # a 429's Retry-After: no requests here until then
+        # Saturation: the integral over time of min(in_flight, max_concurrency) / max, so any
+        # window's mean is (area difference) / (seconds); see `saturation_area`.
+        self._area = 0.0
+        self._area_at = time.monotonic()
+
+    def add_in_flight(self, delta: int) -> None:
+        """Change the in-flight count, accounting the time at the old count first."""
+        now = time.monotonic()
+        self._area += (now - self._area_at) * min(self.in_flight, self.cfg.max_concurrency) \
+            / self.cfg.max_concurrency
+        self._area_at = now
+        self.in_flight += delta
+
+    def area(self) -> float:
+        now = time.monotonic()
+        return self._area + (now - self._area_at) * min(
+            self.in_flight, self.cfg.max_concurrency) / self.cfg.max_concurrency
 
     @property
     def name(self) -> str:
@@ -380,6 +397,12 @@ class EndpointPool:
                         # attempt timeouts scale with
                         "s_per_token_p90": None if per_unit is None else round(per_unit, 5)})
         return out
+
+    def saturation_area(self, name: str) -> float:
+        """Seconds-weighted saturation of endpoint `name` since the pool started: the integral
+        of min(in flight, max_concurrency) / max_concurrency over time. The mean saturation of
+        a window is the difference of two readings over the window's seconds (DESIGN §10)."""
+        return self._get(name).area()
 
     def in_flight_for(self, name: str, model: str) -> int:
         """Requests in flight on endpoint `name` that asked for `model` (an adapter, say)."""
@@ -572,7 +595,7 @@ class EndpointPool:
             preferred = [ep for ep in candidates if ep.name not in exclude] or candidates
             if preferred:
                 ep = min(preferred, key=lambda e: (not e.up, e.load(), e.in_flight))
-                ep.in_flight += 1
+                ep.add_in_flight(1)
                 return ep
             up = [ep for ep in self._endpoints if ep.up
                   and (group is None or ep.cfg.group == group)]
@@ -593,7 +616,7 @@ class EndpointPool:
                 await self._changed.wait()
 
     def _release(self, ep: _Endpoint) -> None:
-        ep.in_flight -= 1
+        ep.add_in_flight(-1)
         self._notify()
 
     def note_model(self, endpoint: str, model: str, *, served: bool) -> None:
@@ -656,7 +679,7 @@ class EndpointPool:
                     ep = self._get(endpoint)
                     if ep.not_before > time.monotonic():  # a pinned call honours a 429 too
                         await anyio.sleep(ep.not_before - time.monotonic())
-                    ep.in_flight += 1
+                    ep.add_in_flight(1)
                 else:
                     try:
                         ep = await self._acquire(model, tried, group, need)
