@@ -393,3 +393,29 @@ def test_inference_script_starts_nccl_servers_with_weight_transfer(tmp_path, che
     assert '--weight-transfer-config {"backend": "nccl"}' in out["gpu-node.toml"]
     assert "--weight-transfer-config" not in out["embedded.toml"]
     assert "--enable-lora" in out["embedded.toml"]
+
+
+def test_restore_lost_pushes_into_a_server_held_paused_by_a_partial_update(tmp_path):
+    """A failed broadcast leaves the server paused on mixed weights while its weight_version
+    still names the last good version: the trainer's periodic check pushes that version
+    again (it does not wait for the next training step) and the server resumes."""
+    tcfg = TrainerConfig(mode="full", publish_attempts=1)
+    v1 = tmp_path / "weights" / "v1"
+    v1.mkdir(parents=True)
+    (v1 / "model.safetensors").write_bytes(b"x")
+    state = FakeState(nccl_world_size=1, nccl_wait_s=1.0)
+    with FakeOpenAIServer(state) as gpu:
+        transfer = FakeTransfer(state)
+        with Publisher(_cfg(tmp_path, _endpoint(gpu)), tcfg, transfers=lambda e: transfer) as pub:
+            pub.publish(1, v1)
+            transfer.corrupt = True
+            v2 = tmp_path / "weights" / "v2"
+            v2.mkdir()
+            (v2 / "model.safetensors").write_bytes(b"x")
+            with pytest.raises(PublishError):
+                pub.publish(2, v2)
+            assert state.paused and state.weight_version == "1"
+            transfer.corrupt = False
+            assert pub.restore_lost(1) == ["gpu"]
+    assert not state.paused and state.weight_version == "1"
+    assert read_current(tmp_path / "weights") == 1

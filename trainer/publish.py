@@ -217,8 +217,9 @@ class Publisher:
                 prefix = f"{self.cfg.model.served_name}-v"
                 swapper.loaded = [v for v in swapper.loaded
                                   if f"{prefix}{v}" in health.adapters]
-            elif health.weight_version == str(version):
-                continue
+            elif health.weight_version == str(version) and not (
+                    isinstance(swapper, NcclSwapper) and swapper.held_paused):
+                continue  # (a server held paused by a partial update needs the push)
             if isinstance(swapper, NcclSwapper):
                 swapper.connected = False  # the server's side of the group died with it
             log.warning("endpoint_lost_version", endpoint=health.name, version=version,
