@@ -359,8 +359,13 @@ class DaemonConfig(_Strict):
                                    "stored variant, their advantages normalised together")
     edit_options: int = Field(8, ge=2, le=32, description="neighbouring settings offered to "
                               "the model per edit (the choice constraint's options)")
-    documents_in_flight: int = Field(2, ge=1, description="documents being designed at once")
-    envs_in_flight: int = Field(4, ge=1, description="environments being played at once")
+    documents_in_flight: int | None = Field(
+        None, ge=1, description="at most this many documents (or edit groups) in flight at "
+        "once; None: as many as the endpoints have room for (new work is admitted while the "
+        "designer's and agent's endpoints have free slots, spade_async/admission.py)")
+    envs_in_flight: int | None = Field(
+        None, ge=1, description="at most this many environments played at once; None: as many "
+        "as the agent's endpoints and the sandbox slots have room for")
     env_queue: int = Field(8, ge=1, description="bounded stream: accepted envs awaiting play")
     replay_probability: float = Field(0.25, ge=0, le=1, description="chance that the next env "
                                       "played comes from the replay sampler instead")

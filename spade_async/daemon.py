@@ -32,6 +32,7 @@ import anyio
 from anyio.abc import TaskStatus
 
 from memory_db.schema import variant_id
+from spade_async.admission import Admission, Reservation, Stream, StreamPool
 from spade_async.chat_tokens import ChatTokens
 from spade_async.config import SpadeConfig
 from spade_async.constrained import TokenBytes
@@ -190,6 +191,7 @@ class DocGroup:
     move: str = "write"
     label: str = ""  # the chunk id, or "edit:<variant id>"
     untrainable: set[str] = field(default_factory=set)  # designs with no trustworthy sample
+    streams: Reservation | None = None  # its design requests' admission (one per request)
     pending: int = 0
     done: anyio.Event = field(default_factory=anyio.Event)
 
@@ -226,6 +228,13 @@ class Daemon:
         self._vocab: TokenBytes | None = None
         # who designs, plays and evaluates where, and by which path (DESIGN §5)
         self.routes = {r: role_route(cfg, r) for r in ROLES}
+        # how much is in flight: sized to the endpoints' capacity (spade_async.admission)
+        dcfg = cfg.daemon
+        self.admission = Admission(
+            pool, agent_group=self.routes["agent"].group,
+            designer_group=self.routes["designer"].group, sandbox_slots=cfg.sandbox.slots,
+            max_documents=dcfg.documents_in_flight, max_plays=dcfg.envs_in_flight,
+            queue_size=dcfg.env_queue, plays_queued=self._queue_depth)
 
     # ---- the loop --------------------------------------------------------------------------
 
@@ -252,9 +261,7 @@ class Daemon:
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(self._fixed_loop if dcfg.mode == "fixed"
                                   else self._designer_loop, send_env)
-                    for _ in range(dcfg.envs_in_flight):
-                        tg.start_soon(self._player, recv_env.clone())
-                    recv_env.close()
+                    tg.start_soon(self._player, recv_env)
                 outer.cancel_scope.cancel()
         finally:  # also when the drain deadline cancels us: status says it stopped
             self._stopped = True
@@ -317,26 +324,52 @@ class Daemon:
         log.info("memory_bootstrapped", seeds=stored, of=len(files))
 
     async def _designer_loop(self, send_env) -> None:
-        dcfg = self.cfg.daemon
-        limiter = anyio.Semaphore(dcfg.documents_in_flight)
+        """New work, admitted while the endpoints have room (spade_async.admission): a
+        document or an edit group, now and then a replay beside it; while the trainer has
+        taken every batch, a replay first (a batch after one play, not after a document's
+        designs, validations and plays)."""
+        dcfg, adm = self.cfg.daemon, self.admission
+        designer_group = self.routes["designer"].group
         started = 0
         async with send_env, anyio.create_task_group() as tg:
             while not self._stopping and (self._limit_iterations is None
                                           or started < self._limit_iterations):
-                await limiter.acquire()
-                await self._wait_for_trainer()
+                await adm.wait(lambda: self._stopping or adm.can_design())
+                await self._wait_for_trainer()  # the trainer's pace, once there is room
                 if self._stopping:
-                    limiter.release()
                     break
+                if not adm.can_design():  # the room went while the trainer was waited for
+                    continue
+                if adm.documents and self._spool_hungry() and await self._replay_one(
+                        send_env.clone()):
+                    self.counters["replays_for_hungry_trainer"] += 1
+                    continue
                 started += 1
                 parent = await self._edit_parent() if self._next_move() == "edit" else None
+                adm.documents += 1
                 if parent is not None:
-                    tg.start_soon(self._edit_variant, parent, send_env.clone(), limiter)
+                    streams = adm.reserve(designer_group, dcfg.edits_per_variant)
+                    tg.start_soon(self._edit_variant, parent, send_env.clone(), streams)
                 else:
+                    streams = adm.reserve(designer_group, dcfg.designs_per_document)
                     chunk = await anyio.to_thread.run_sync(next, self.corpus)
-                    tg.start_soon(self._document, chunk, send_env.clone(), limiter)
+                    tg.start_soon(self._document, chunk, send_env.clone(), streams)
                 if self._rng.random() < dcfg.replay_probability:
                     tg.start_soon(self._replay_one, send_env.clone())
+
+    def _spool_hungry(self) -> bool:
+        """The trainer has taken every batch written (only where one paces the daemon)."""
+        return bool(self.cfg.daemon.max_batches_ahead) and (
+            self.spool.last_seq() <= self.spool.taken_seq())
+
+    def _pool_for(self, stream: Stream | None) -> Any:
+        """The pool for one admitted stream's requests (its first marks it started)."""
+        return self.pool if stream is None else StreamPool(self.pool, stream)
+
+    def _document_ended(self, streams: Reservation) -> None:
+        streams.close()
+        self.admission.documents -= 1
+        self.admission.notify()
 
     async def _fixed_loop(self, send_env) -> None:
         """mode = "fixed", the baseline: the memory's accepted environments at start, played
@@ -423,17 +456,21 @@ class Daemon:
             await anyio.sleep(0.25)
         self.waiting_for_trainer = False
 
-    async def _replay_one(self, send_env) -> None:
+    async def _replay_one(self, send_env) -> bool:
+        """A stored environment into the env stream, by the replay sampler; False when the
+        memory has none to give."""
         async with send_env:
             try:
                 env = await self._memory_op(self.memory.sample_replay, what="replay")
             except GaveUp as exc:
                 await self.failures.give_up("replay", str(exc))
-                return
-            if env is not None:
-                self.counters["replays"] += 1
-                await send_env.send(PlayJob(env.env_id, env.code, env.name, None,
-                                            params=env.params or None, move="replay"))
+                return False
+            if env is None:
+                return False
+            self.counters["replays"] += 1
+            await send_env.send(PlayJob(env.env_id, env.code, env.name, None,
+                                        params=env.params or None, move="replay"))
+            return True
 
     # ---- the edit move (DESIGN §12) ---------------------------------------------------------
 
@@ -512,10 +549,10 @@ class Daemon:
             self._vocab = TokenBytes(self.chat.tok, self.chat.eos_ids)
         return self._vocab
 
-    async def _edit_variant(self, parent: StoredEnv, send_env, limiter: anyio.Semaphore) -> None:
+    async def _edit_variant(self, parent: StoredEnv, send_env, streams: Reservation) -> None:
         """G edits of one stored variant, validated at their params, the accepted ones played
         (each distinct variant once), then one batch with their rewards normalised together."""
-        group = DocGroup(None, move="edit", label=f"edit:{parent.variant_id}")
+        group = DocGroup(None, move="edit", label=f"edit:{parent.variant_id}", streams=streams)
         try:
             async with send_env:
                 try:
@@ -554,7 +591,7 @@ class Daemon:
             await group.done.wait()
             await self._finish_document(group)
         finally:
-            limiter.release()
+            self._document_ended(streams)
 
     async def _one_edit(self, group: DocGroup, parent: StoredEnv, meta: EnvMeta,
                         current: dict[str, Any], played: list[VariantView],
@@ -563,9 +600,10 @@ class Daemon:
         self.in_flight["designs"] += 1
         self.policy.refresh()
         route = self.routes["designer"]
+        stream = group.streams.take() if group.streams is not None else None
         try:
             d = await propose_edit(
-                self.pool, self.chat, self._vocabulary(), env_id=parent.env_id,
+                self._pool_for(stream), self.chat, self._vocabulary(), env_id=parent.env_id,
                 name=meta.name, description=meta.description, specs=meta.params,
                 current=current, played=played, candidates=candidates,
                 signal=self.cfg.regret.signal, model=route.model or self.policy.model,
@@ -580,6 +618,8 @@ class Daemon:
             return
         finally:
             self.in_flight["designs"] -= 1
+            if stream is not None:
+                stream.end()
         self.counters["designs"] += 1
         self.counters["moves_edit_proposed"] += 1
         self._sampled_with(d.policy_version, episode=False)
@@ -626,8 +666,8 @@ class Daemon:
             "parent": parent.variant_id, "params": d.params, "variant_id": vid,
             "family": meta.name, "path": d.path, "model": d.model})
 
-    async def _document(self, chunk: Chunk, send_env, limiter: anyio.Semaphore) -> None:
-        group = DocGroup(chunk, label=chunk.chunk_id)
+    async def _document(self, chunk: Chunk, send_env, streams: Reservation) -> None:
+        group = DocGroup(chunk, label=chunk.chunk_id, streams=streams)
         log.info("document_start", chunk=chunk.chunk_id, seq=chunk.seq)
         try:
             async with send_env:
@@ -646,7 +686,7 @@ class Daemon:
             await group.done.wait()
             await self._finish_document(group)
         finally:
-            limiter.release()
+            self._document_ended(streams)
 
     async def _examples(self, chunk: Chunk) -> list[str]:
         """Memory examples for the designer prompt; a failed search designs without them."""
@@ -672,9 +712,14 @@ class Daemon:
         delay, tries = 1.0, 0
         while True:
             group.request_failures = []
-            async with anyio.create_task_group() as tg:
-                for _ in range(n):
-                    tg.start_soon(one)
+            if group.streams is None or not group.streams.left:  # a second round
+                group.streams = self.admission.reserve(self.routes["designer"].group, n)
+            try:
+                async with anyio.create_task_group() as tg:
+                    for _ in range(n):
+                        tg.start_soon(one)
+            finally:
+                group.streams.close()
             failed = group.request_failures
             if group.designs or len(failed) < n or self._stopping:
                 return
@@ -721,9 +766,10 @@ class Daemon:
         self.in_flight["designs"] += 1
         self.policy.refresh()  # a retried document designs with the newest policy
         route = self.routes["designer"]
+        stream = group.streams.take() if group.streams is not None else None
         try:
             d = await design(
-                self.pool, self.chat, doc_id=chunk.doc_id, chunk_id=chunk.chunk_id,
+                self._pool_for(stream), self.chat, doc_id=chunk.doc_id, chunk_id=chunk.chunk_id,
                 excerpt=chunk.text, examples=examples, model=route.model or self.policy.model,
                 policy_version=self.policy.version, max_tokens=dcfg.designer_max_tokens,
                 temperature=dcfg.designer_temperature, prefill=dcfg.designer_prefill,
@@ -737,6 +783,8 @@ class Daemon:
             return
         finally:
             self.in_flight["designs"] -= 1
+            if stream is not None:
+                stream.end()
         self.counters["designs"] += 1
         self.counters["moves_write_proposed"] += 1
         self._sampled_with(d.policy_version, episode=False)
@@ -782,17 +830,33 @@ class Daemon:
     # ---- playing ---------------------------------------------------------------------------
 
     async def _player(self, recv_env) -> None:
-        async with recv_env:
+        """Takes accepted environments off the stream in order and starts each play once
+        there is room for its K_u + K_h episodes (spade_async.admission): how many plays run
+        at once follows the agent endpoints' capacity and the sandbox slots."""
+        adm = self.admission
+        width = self.cfg.rollout.k_unhinted + self.cfg.rollout.k_hinted
+        async with recv_env, anyio.create_task_group() as tg:
             async for job in recv_env:
-                try:
-                    await self._play(job)
-                finally:
-                    if job.group is not None:
-                        job.group.pending -= 1
-                        if job.group.pending <= 0:
-                            job.group.done.set()
+                adm.holding_play = True
+                await adm.wait(lambda: adm.can_play(width))
+                adm.holding_play = False
+                adm.plays += 1
+                tg.start_soon(self._play_admitted, job,
+                              adm.reserve(self.routes["agent"].group, width, episodes=True))
 
-    async def _play(self, job: PlayJob) -> None:
+    async def _play_admitted(self, job: PlayJob, streams: Reservation) -> None:
+        try:
+            await self._play(job, streams)
+        finally:
+            streams.close()
+            self.admission.plays -= 1
+            self.admission.notify()
+            if job.group is not None:
+                job.group.pending -= 1
+                if job.group.pending <= 0:
+                    job.group.done.set()
+
+    async def _play(self, job: PlayJob, streams: Reservation | None = None) -> None:
         """K_u unhinted and K_h hinted episodes of one environment, its regret, its memory
         stats and its agent samples. Only episodes that ran to their end are scores: one that
         failed (endpoint, sandbox, deadline) after its tries never enters R_u, R_h or the
@@ -814,7 +878,12 @@ class Daemon:
         results: dict[bool, list[Episode]] = {False: [], True: []}
 
         async def one(hinted: bool, seed: int) -> None:
-            ep = await self._episode(job, hinted, seed)
+            stream = streams.take() if streams is not None else None
+            try:
+                ep = await self._episode(job, hinted, seed, stream)
+            finally:
+                if stream is not None:
+                    stream.end()
             results[hinted].append(ep)
             await self._record_episode(ep)
 
@@ -902,7 +971,8 @@ class Daemon:
             return variant_id(job.env_id, job.params or {})
         return job.env_id
 
-    async def _episode(self, job: PlayJob, hinted: bool, seed: int) -> Episode:
+    async def _episode(self, job: PlayJob, hinted: bool, seed: int,
+                       stream: Stream | None = None) -> Episode:
         """One episode, tried again when the endpoint failed it or no sandbox worker started
         (`rollout.episode_attempts`; an outage is waited out without using them). The last
         try is returned, failed or not. Every try samples with the newest published policy:
@@ -912,7 +982,7 @@ class Daemon:
         while True:
             self.policy.refresh()
             ep = await self._episode_once(job, hinted, seed, self.policy.model,
-                                          self.policy.version)
+                                          self.policy.version, stream)
             if ep.error is None:
                 return ep
             kind = ep.error_kind or "unknown"
@@ -928,10 +998,11 @@ class Daemon:
             delay = min(30.0, delay * 2)
 
     async def _episode_once(self, job: PlayJob, hinted: bool, seed: int, model: str,
-                            version: int) -> Episode:
+                            version: int, stream: Stream | None = None) -> Episode:
         self.in_flight["episodes"] += 1
         try:
-            return await play_in_sandbox(self.sandbox, job.code, self.pool, self.chat,
+            return await play_in_sandbox(self.sandbox, job.code, self._pool_for(stream),
+                                         self.chat,
                                          env_id=job.env_id, seed=seed, hinted=hinted,
                                          model=model, policy_version=version,
                                          cfg=self.cfg.rollout, params=job.params,
@@ -1070,6 +1141,7 @@ class Daemon:
             "failures": self.failures.as_dict(),
             "rejection_reasons": dict(self.reasons),
             "in_flight": dict(self.in_flight),
+            "admission": self.admission.as_dict(),
             "env_queue_depth": self._queue_depth(),
             "env_queue_size": self.cfg.daemon.env_queue,
             "endpoints": endpoints,

@@ -343,6 +343,8 @@ class EndpointPool:
         self._changed = anyio.Event()
         self._models_lock = anyio.Lock()
         self._models_probed_at = -1.0  # monotonic time of the last on-demand model refresh
+        # Requests queued in `_acquire` for a slot, by the group they asked for (None: any).
+        self._waiting: Counter[str | None] = Counter()
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -397,6 +399,21 @@ class EndpointPool:
                         # attempt timeouts scale with
                         "s_per_token_p90": None if per_unit is None else round(per_unit, 5)})
         return out
+
+    def capacity(self, group: str | None = None) -> int:
+        """Requests the endpoints of `group` (None: all) take at once: the sum of their
+        `max_concurrency`, up or not (an outage is waited out by the work itself)."""
+        return sum(ep.cfg.max_concurrency for ep in self._endpoints
+                   if group is None or ep.cfg.group == group)
+
+    def busy(self, group: str | None = None) -> int:
+        """Requests of `group` (None: all) in flight or queued for a slot: what admission
+        compares with `capacity`. Requests that asked for any group count everywhere."""
+        in_flight = sum(ep.in_flight for ep in self._endpoints
+                        if group is None or ep.cfg.group == group)
+        waiting = (sum(self._waiting.values()) if group is None
+                   else self._waiting[group] + self._waiting[None])
+        return in_flight + waiting
 
     def saturation_area(self, name: str) -> float:
         """Seconds-weighted saturation of endpoint `name` since the pool started: the integral
@@ -612,8 +629,13 @@ class EndpointPool:
                 give_up_at = now + self.cfg.wait_for_endpoint_s
             elif now >= give_up_at:
                 raise TimeoutError
-            with anyio.move_on_after(min(1.0, self.cfg.health_interval_s, give_up_at - now)):
-                await self._changed.wait()
+            self._waiting[group] += 1
+            try:
+                with anyio.move_on_after(min(1.0, self.cfg.health_interval_s,
+                                             give_up_at - now)):
+                    await self._changed.wait()
+            finally:
+                self._waiting[group] -= 1
 
     def _release(self, ep: _Endpoint) -> None:
         ep.add_in_flight(-1)
