@@ -10,8 +10,8 @@
 # vLLM's auto; SPADE_VLLM_DEVICE=cpu|gpu skips asking the interpreter which build it runs).
 # Threads: vLLM's own binding, except on a small host the server has to itself
 # (SPADE_VLLM_EXCLUSIVE=1), where the model's OpenMP threads get every core
-# (VLLM_CPU_OMP_THREADS_BIND, which the environment may set instead). One line on stderr each
-# says what was chosen and why.
+# (VLLM_CPU_OMP_THREADS_BIND, which the environment may set instead); on a shared host the
+# server runs at nice 10 (SPADE_VLLM_NICE). One line on stderr each says what was chosen and why.
 # --logprobs-mode: raw_logprobs (vLLM's default) when training samples are drawn at temperature
 # 1, else processed_logprobs, which the trainer matches (trainer.logprob_temperature).
 # --enable-lora only for a vllm-lora endpoint (SPADE_VLLM_LORA=0|1 overrides), and LoRA layers
@@ -43,6 +43,18 @@ if [ "$cfg_device" = cpu ]; then
     echo "[inference] threads: $cfg_threads_reason" >&2
   fi
 fi
+# A CPU server sharing its cores with the trainer and the daemon runs at a lower priority: the
+# daemon keeps it full (every slot in flight), and at equal priority its decode loop took the
+# trainer's cores too (no step in 7 minutes of a 10-minute run). The trainer and the daemon's
+# orchestration go first; the server gets every cycle they leave. SPADE_VLLM_NICE=0 turns it off.
+niceness=()
+if [ "$cfg_device" = cpu ] && [ "${SPADE_VLLM_EXCLUSIVE:-0}" != 1 ]; then
+  nice_n=${SPADE_VLLM_NICE:-10}
+  if [ "$nice_n" != 0 ]; then
+    niceness=(nice -n "$nice_n")
+    echo "[inference] priority: nice $nice_n (cores shared with the trainer, which goes first; SPADE_VLLM_NICE=0: equal)" >&2
+  fi
+fi
 read -r -a lora_targets <<< "$cfg_lora_targets"
 lora=(--enable-lora --max-lora-rank "$cfg_max_lora_rank" --max-loras "$cfg_max_loras"
       --lora-target-modules "${lora_targets[@]}")
@@ -50,7 +62,7 @@ lora=(--enable-lora --max-lora-rank "$cfg_max_lora_rank" --max-loras "$cfg_max_l
 # vllm-nccl: the server joins the trainer's NCCL group through vLLM's weight-transfer engine.
 transfer=()
 [ -n "$cfg_weight_transfer" ] && transfer=(--weight-transfer-config "$cfg_weight_transfer")
-exec "$vllm_python" -m vllm.entrypoints.openai.api_server \
+exec "${niceness[@]}" "$vllm_python" -m vllm.entrypoints.openai.api_server \
   --model "$model" \
   --served-model-name "$cfg_served_name" \
   --host "${SPADE_INFERENCE_HOST:-$cfg_host}" --port "${SPADE_INFERENCE_PORT:-$cfg_port}" \

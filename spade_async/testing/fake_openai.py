@@ -169,6 +169,7 @@ def build_app(state: FakeState) -> Starlette:
             state.in_flight -= 1
 
     async def completions(request: Request) -> Response:
+        arrived = time.monotonic()
         body = await request.json()
         model = body.get("model")
         if model not in models():
@@ -218,9 +219,10 @@ def build_app(state: FakeState) -> Starlette:
                 ids, finish = ids[: ids.index(state.eos_token_id) + 1], "stop"
             if len(ids) > n:
                 ids, finish = ids[:n], "length"
+            # the latency counts from arrival: the fake's own work (a script) is inside it
             delay = state.request_latency_s + state.token_latency_s * len(ids)
             if delay:
-                await anyio.sleep(delay)
+                await anyio.sleep(max(0.0, delay - (time.monotonic() - arrived)))
             text = state.decode(ids) if state.decode else " ".join(f"w{t % 1000}" for t in ids)
             logprobs = [-((t % 97) / 97.0) for t in ids]
             choice = {

@@ -72,15 +72,103 @@ class Script:
         return self.chat.encode(reply) + [self.chat.tok.eos_token_id]
 
 
-def serve(port: int, tokenizer: str, token_latency_s: float = 0.0) -> None:
-    """The fake endpoint with this script, in its own process (daemon crash tests)."""
+RELAY_CODE = '''import random
+
+
+class Environment:
+    """{doc}"""
+
+    name = "{name}"
+    description = "{desc}"
+    max_turns = 3
+
+    def reset(self, seed):
+        self.word = random.Random(seed).choice(("harbor", "lantern", "orbit", "quartz"))
+        self.turn = 0
+        return f"Relay the word {{self.word}}, one turn at a time.", {{}}
+
+    def step(self, action):
+        self.turn += 1
+        done = self.turn >= self.max_turns
+        reward = float(done and self.word in action)
+        return f"Turn {{self.turn}} relayed ({{len(action)}} chars).", reward, done, False, {{}}
+
+    def hint(self):
+        return f"the word is {{self.word}}"
+'''
+
+_WORDS = ("signal relay archive harbor lantern ledger orbit meadow quarry cipher beacon "
+          "canyon ember glacier harvest island journal kernel lattice mosaic nebula oasis "
+          "prism quartz ripple summit timber vertex willow zenith").split()
+
+
+class MixedScript:
+    """A stateless policy for the mixed-workload bench (`spade bench pipeline`): a design is
+    a valid multi-turn environment of about `design_tokens` tokens, different for every
+    document (its words come from a hash of the excerpt, so the memory's novelty filter lets
+    it in); an agent turn is `turn_tokens` tokens. Replies are a pure function of the prompt,
+    so a bare client replaying the daemon's requests gets the very same lengths."""
+
+    def __init__(self, chat: ChatTokens, design_tokens: int = 760, turn_tokens: int = 24) -> None:
+        self.chat, self.design_tokens, self.turn_tokens = chat, design_tokens, turn_tokens
+        # Designs draw their words from thousands of the tokenizer's whole words: texts of a
+        # few dozen words would embed too close together for the memory's novelty filter.
+        vocab = chat.tok.get_vocab()
+        words = {w[1:].lower() for w in vocab
+                 if w.startswith("\u0120") and w[1:].isalpha() and 4 <= len(w) - 1 <= 10}
+        self.vocab = sorted(words)
+        self._designs: dict[str, str] = {}  # a pure function of the excerpt, computed once
+
+    def _words(self, seed: str, n: int, vocab: list[str] | tuple[str, ...] = _WORDS) -> list[str]:
+        import random
+
+        rng = random.Random(hashlib.sha256(seed.encode()).digest())
+        return [rng.choice(vocab) for _ in range(n)]
+
+    def _design(self, key: str) -> str:
+        words = self._words(key, 600, self.vocab)
+        desc = " ".join(words[:12])
+        room = self.design_tokens - len(self.chat.encode(
+            RELAY_CODE.format(doc="", name=f"relay_{key}", desc=desc))) - 4
+        doc, used = [], 0
+        for w in words[12:]:  # the docstring pads the module to its length
+            used += len(self.chat.encode(" " + w))
+            if used > room:
+                break
+            doc.append(w)
+        code = RELAY_CODE.format(doc=" ".join(doc), name=f"relay_{key}", desc=desc)
+        return f"```python\n{code}```"
+
+    def __call__(self, prompt_ids: list[int]) -> list[int]:
+        text = self.chat.tok.decode(prompt_ids)
+        eos = [self.chat.tok.eos_token_id]
+        if "Environment Designer" in text:
+            excerpt = text.split("<<<")[-1].split(">>>")[0]
+            key = hashlib.sha256(excerpt.encode()).hexdigest()[:8]
+            reply = self._designs.get(key)
+            if reply is None:
+                reply = self._designs[key] = self._design(key)
+            if text.endswith("```python\n"):  # the designer opened the block (prefill)
+                reply = reply.removeprefix("```python\n")
+            return self.chat.encode(reply) + eos
+        words = self._words(str(len(prompt_ids)) + text[-200:], self.turn_tokens)
+        return self.chat.encode(" ".join(words))[: self.turn_tokens - 1] + eos
+
+
+def serve(port: int, tokenizer: str, token_latency_s: float = 0.0, mixed: bool = False,
+          request_latency_s: float = 0.0) -> None:
+    """The fake endpoint with this script (or the mixed bench's), in its own process (daemon
+    crash tests, `spade bench pipeline`)."""
     import uvicorn
 
-    from spade_async.testing.fake_openai import FakeState, build_app
+    from spade_async.testing.fake_openai import FakeState, _Discard, build_app
 
     chat = ChatTokens.from_pretrained(tokenizer)
-    state = FakeState(script=Script(chat, per_document=True), decode=chat.decode,
-                      eos_token_id=chat.tok.eos_token_id, token_latency_s=token_latency_s)
+    script = MixedScript(chat) if mixed else Script(chat, per_document=True)
+    state = FakeState(script=script, decode=chat.decode, eos_token_id=chat.tok.eos_token_id,
+                      token_latency_s=token_latency_s, request_latency_s=request_latency_s)
+    if mixed:  # a long benchmark must not keep every request body
+        state.completions, state.chats, state.request_log = _Discard(), _Discard(), _Discard()
     uvicorn.run(build_app(state), host="127.0.0.1", port=port, log_level="error",
                 lifespan="off", access_log=False)
 
@@ -88,4 +176,6 @@ def serve(port: int, tokenizer: str, token_latency_s: float = 0.0) -> None:
 if __name__ == "__main__":
     import sys
 
-    serve(int(sys.argv[1]), sys.argv[2], float(sys.argv[3]) if len(sys.argv) > 3 else 0.0)
+    serve(int(sys.argv[1]), sys.argv[2], float(sys.argv[3]) if len(sys.argv) > 3 else 0.0,
+          mixed=len(sys.argv) > 4 and sys.argv[4] == "mixed",
+          request_latency_s=float(sys.argv[5]) if len(sys.argv) > 5 else 0.0)
