@@ -25,7 +25,7 @@ from spade_async.sandbox.runtime import Sandbox
 from spade_async.spool import FileSpool
 from spade_async.testing.fake_openai import FakeOpenAIServer
 from spade_async.testing.memory import DictMemory
-from spade_async.testing.scripted import ENV_CODE, Script
+from spade_async.testing.scripted import Script
 
 # ---- the rules, against a pool whose load the test sets -----------------------------------
 
@@ -152,8 +152,10 @@ async def _run_sampling(cfg, chat, tmp_path, tag: str, iterations: int):
                 now = pool.in_flight()
                 for name, n in now.items():
                     peaks[name] = max(peaks[name], n)
-                # the steady state: past the first play, before the last documents' tail
-                if daemon.counters["episodes"] and daemon.iterations < iterations - 3:
+                # the steady state: past the first play, while documents are still admitted
+                # (not the drain once the last one is in)
+                started = daemon.iterations + daemon.admission.documents
+                if daemon.counters["episodes"] and started < iterations:
                     for name, n in now.items():
                         samples[name].append(n)
                 await anyio.sleep(0.01)
@@ -170,11 +172,11 @@ async def _run_sampling(cfg, chat, tmp_path, tag: str, iterations: int):
 async def test_in_flight_per_endpoint_tracks_its_limit_and_both_roles_progress(
         fake, tmp_path):
     _, chat = fake
-    servers = _servers(chat, 2, token_latency_s=0.004)
+    servers = _servers(chat, 2, token_latency_s=0.01)
     try:
         caps = [6, 3]
         cfg = _config(tmp_path, list(zip(servers, caps, strict=True)))
-        daemon, memory, samples, peaks, sat = await _run_sampling(cfg, chat, tmp_path, "cap", 16)
+        daemon, memory, samples, peaks, sat = await _run_sampling(cfg, chat, tmp_path, "cap", 30)
         # The old way, side by side: one document and one play at a time (the constants).
         tight = _config(tmp_path, list(zip(servers, caps, strict=True)),
                         documents_in_flight=1, envs_in_flight=1)
@@ -182,9 +184,9 @@ async def test_in_flight_per_endpoint_tracks_its_limit_and_both_roles_progress(
     finally:
         for s in servers:
             s.stop()
-    assert daemon.iterations == 16
+    assert daemon.iterations == 30
     # Both roles got through: every document designed, and its accepted env played.
-    assert daemon.counters["designs"] >= 16 * 2 and len(memory.plays) == 16
+    assert daemon.counters["designs"] >= 30 * 2 and len(memory.plays) == 30
     for (name, series), cap in zip(samples.items(), caps, strict=True):
         assert series, f"no steady-state samples of {name}"
         # never above its limit, at its limit most of the time
@@ -204,14 +206,11 @@ async def test_a_hungry_trainer_gets_replays_first_and_the_designer_still_progre
     server, chat = fake
     server.state.script = Script(chat, per_document=True)
     server.state.token_latency_s = 0.002
-    cfg = _config(tmp_path, [(server, 4)], max_batches_ahead=2)
+    cfg = _config(tmp_path, [(server, 4)], max_batches_ahead=2, documents_in_flight=2)
     spool = FileSpool(tmp_path / "spool", writer=True)
     trainer_side = FileSpool(tmp_path / "spool")
     sampler = CorpusSampler.from_config(cfg.corpus, tmp_path / "corpus.json", autocommit=False)
-    memory = DictMemory()  # one stored environment to replay
-    memory.envs["stored"] = {"code": ENV_CODE, "doc_id": "seed", "chunk_id": "seed",
-                             "status": "accepted", "reason": "", "policy_version": 0}
-    memory.replay_ids.append("stored")
+    memory = DictMemory()
     async with EndpointPool(cfg.endpoints, cfg.pool) as pool, Sandbox(cfg.sandbox) as sb:
         daemon = Daemon(cfg, pool=pool, sandbox=sb, memory=memory, spool=spool, corpus=sampler,
                         chat=chat, run_dir=tmp_path / "run")
@@ -224,12 +223,13 @@ async def test_a_hungry_trainer_gets_replays_first_and_the_designer_still_progre
         async with anyio.create_task_group() as tg:
             tg.start_soon(trainer)
             with anyio.fail_after(240):
-                await daemon.run(max_iterations=4)
+                await daemon.run(max_iterations=8)
             tg.cancel_scope.cancel()
-    # Replays went first while a document was in flight; the documents still all went through.
+    # Played variants were replayed first while a document was in flight; the documents still
+    # all went through.
     assert daemon.counters["replays_for_hungry_trainer"] > 0
-    assert daemon.iterations == 4
-    assert sum(1 for p in memory.plays if not p[4]) == 4  # each document's env was played
+    assert daemon.iterations == 8
+    assert sum(1 for p in memory.plays if not p[4]) == 8  # each document's env was played
     assert not daemon.waiting_for_trainer
 
 

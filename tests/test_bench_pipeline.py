@@ -26,7 +26,8 @@ def test_mixed_workload_measures_every_endpoint_and_both_request_kinds(checkpoin
     different capacities; the bare client replays the daemon's own requests."""
     from spade_async.bench.mixed import run_mixed_bench
 
-    r = run_mixed_bench(checkpoint, capacities=(4, 2), warmup_s=4.0, window_s=5.0)
+    r = run_mixed_bench(checkpoint, capacities=(4, 2), token_latency_s=0.004, warmup_s=6.0,
+                        window_s=6.0)
     d, b = r["daemon"], r["bare"]
     assert r["endpoints"] == {"fake0": 4, "fake1": 2}
     assert set(d["saturation"]) == {"fake0", "fake1"}
