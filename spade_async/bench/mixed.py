@@ -162,7 +162,10 @@ async def _bare_window(endpoints: list[EndpointConfig], requests: list[tuple[str
 def run_mixed_bench(checkpoint: Path, *, capacities: tuple[int, ...] = (8, 4),
                     token_latency_s: float = 0.01, request_latency_s: float = 0.02,
                     warmup_s: float = 10.0, window_s: float = 30.0,
-                    progress: Callable[[str], None] = lambda m: None) -> dict[str, Any]:
+                    progress: Callable[[str], None] = lambda m: None,
+                    daemon: dict[str, Any] | None = None) -> dict[str, Any]:
+    """`daemon`: DaemonConfig overrides (e.g. the fixed caps documents_in_flight = 2 and
+    envs_in_flight = 4 that sized the work in flight before admission by capacity)."""
     from spade_async.endpoints.launch import wait_healthy
     from spade_async.testing.fake_openai import _free_port
 
@@ -191,7 +194,7 @@ def run_mixed_bench(checkpoint: Path, *, capacities: tuple[int, ...] = (8, 4),
                 rollout=RolloutConfig(k_unhinted=4, k_hinted=2, max_tokens_per_turn=32),
                 daemon=DaemonConfig(designs_per_document=4, designer_max_tokens=768,
                                     examples_k=1, replay_probability=0.25,
-                                    status_interval_s=0.5),
+                                    status_interval_s=0.5, **(daemon or {})),
                 corpus=CorpusConfig(source=JsonlSourceConfig(path=root / "docs.jsonl",
                                                              id_field="id"), min_chars=10),
             )
