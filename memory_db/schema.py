@@ -22,12 +22,14 @@ import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import pyarrow as pa
-from lancedb import AsyncConnection
-from lancedb.table import AsyncTable
+
+if TYPE_CHECKING:  # annotations only: ids and schemas need no LanceDB (nor `spade --help`)
+    from lancedb import AsyncConnection
+    from lancedb.table import AsyncTable
 
 SCHEMA_VERSION = 3  # v2: env_stats rows are variants (env_id, params); v3: hint_leak and
 # sandbox_failures per variant
@@ -140,7 +142,7 @@ async def write_meta(meta: AsyncTable, values: dict[str, Any]) -> None:
 
 
 # version n -> n+1, applied in order by the writer (readers refuse an old layout instead).
-Migration = Callable[[AsyncConnection, dict[str, Any]], Awaitable[None]]
+Migration = Callable[["AsyncConnection", dict[str, Any]], Awaitable[None]]
 
 
 async def _v1_to_v2(db: AsyncConnection, info: dict[str, Any]) -> None:

@@ -297,7 +297,7 @@ def _read_env_file(path: Path) -> str:
 
 def _stored_env_code(cfg: SpadeConfig, env_id: str) -> str:
     from memory_db.store import open_memory
-    from spade_async.memory_port import memory_config
+    from spade_async.config import memory_config
 
     mcfg, uri = memory_config(cfg)
 
@@ -747,13 +747,13 @@ def _trainer_progress(cfg: SpadeConfig) -> dict:
             return {}
         return data if isinstance(data, dict) else {}
 
+    from spade_async.core.policy import read_current
     from spade_async.spool import FileSpool
     from trainer.config import trainer_root
 
     data = cfg.paths.data_dir
     out: dict = {"last_seq": 0, "taken_seq": 0, "step": None,
-                 "published_version": int(read(data / "weights" / "current.json")
-                                          .get("version", 0))}
+                 "published_version": int((read_current(data) or {}).get("version", 0))}
     if (data / "spool").is_dir():  # a read command creates nothing
         spool = FileSpool(data / "spool")
         out.update(last_seq=spool.last_seq(), taken_seq=spool.taken_seq())
@@ -983,11 +983,13 @@ def evaluate(
     version under <data_dir>/eval/ and plotted by `spade report`."""
     from spade_async.chat_tokens import ChatTokens
     from spade_async.config import ConfigError, checkpoint_dir
+    from spade_async.core.policy import current_path
     from spade_async.daemon import PolicyVersion
     from spade_async.endpoints.pool import EndpointError, EndpointPool
     from spade_async.endpoints.roles import RoleCapabilityError, check_roles, role_route
     from spade_async.evals import SUITES
-    from spade_async.evals.base import evaluate_version, model_for_version
+    from spade_async.evals.base import model_for_version
+    from spade_async.evals.run import evaluate_version
 
     cfg = _config(config)
     over = {k: v for k, v in (("group", group), ("model", model), ("path", path)) if v}
@@ -1008,8 +1010,7 @@ def evaluate(
         if n not in SUITES:
             typer.echo(f"error: unknown suite {n!r}: one of {', '.join(SUITES)}", err=True)
             raise typer.Exit(2)
-    current = PolicyVersion(cfg.paths.data_dir / "weights" / "current.json",
-                            cfg.model.served_name)
+    current = PolicyVersion(current_path(cfg.paths.data_dir), cfg.model.served_name)
     current.refresh()
     try:
         v = current.version if version == "latest" else int(version)

@@ -11,14 +11,19 @@ from __future__ import annotations
 import json
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 import typer
 
-from memory_db import EnvMemory, MemoryConfig, NewEnv, SchemaError, open_memory
-from memory_db.records import EnvRecord, Hit, VariantStats
-from spade_async.config import ConfigError, SpadeConfig, load_config
+from memory_db.config import MemoryConfig
+from memory_db.records import EnvRecord, Hit, NewEnv, VariantStats
+from memory_db.schema import SchemaError
+from spade_async.config import ConfigError, SpadeConfig, load_config, memory_config
+from spade_async.core.io import atomic_open
+
+if TYPE_CHECKING:  # LanceDB loads when a command opens the memory, not for `spade --help`
+    from memory_db.store import EnvMemory
 
 memory_app = typer.Typer(help="Environment memory: search, list, show, stats, add, export.",
                          no_args_is_help=True)
@@ -38,18 +43,12 @@ def _progress(message: str) -> None:
     typer.echo(f"[memory] {message}", err=True)
 
 
-def memory_settings(cfg: SpadeConfig) -> tuple[MemoryConfig, str]:
-    """The memory's config and its resolved URI (default <data_dir>/memory)."""
-    mcfg = getattr(cfg, "memory", None) or MemoryConfig()
-    return mcfg, mcfg.uri or str(cfg.paths.data_dir / "memory")
-
-
 def _load(config: Path) -> tuple[SpadeConfig, MemoryConfig, str]:
     try:
         cfg = load_config(config)
     except ConfigError as exc:
         raise _fail(str(exc), 2) from None
-    return (cfg, *memory_settings(cfg))
+    return (cfg, *memory_config(cfg))
 
 
 def _read(config: Path, query: Callable[[EnvMemory], Awaitable[T]]) -> T:
@@ -57,6 +56,8 @@ def _read(config: Path, query: Callable[[EnvMemory], Awaitable[T]]) -> T:
     _, mcfg, uri = _load(config)
 
     async def main() -> T:
+        from memory_db.store import open_memory
+
         async with open_memory(mcfg, uri, writable=False) as mem:
             return await query(mem)
 
@@ -314,6 +315,8 @@ def memory_add(
                        rejected_reason=None if r.accepted else r.reason)
                 for (f, code), r in zip(codes, reports, strict=True)]
         _progress(f"embedding ({mcfg.embedding_model}) and inserting into {uri} ...")
+        from memory_db.store import open_memory
+
         async with open_memory(mcfg, uri) as mem:
             return reports, await mem.insert_many(envs)
 
@@ -357,12 +360,10 @@ def memory_export(
                 typer.echo(json.dumps(row))
                 n += 1
             return n
-        tmp = path.with_name(path.name + ".tmp")
-        with tmp.open("w") as fh:
+        with atomic_open(path) as fh:  # a reader never sees half a file
             async for row in mem.export(code=not no_code, embeddings=embeddings):
                 fh.write(json.dumps(row) + "\n")
                 n += 1
-        tmp.replace(path)  # a reader never sees half a file
         return n
 
     try:

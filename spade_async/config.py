@@ -445,7 +445,7 @@ class EvalConfig(_Strict):
                                 ) -> list[ProbeVariantConfig] | None:
         """Each family must be a seed file and its params must fit the knobs it declares."""
         if v is not None:
-            from spade_async.evals.probe import resolve_probe_variants
+            from spade_async.envs.variants import resolve_probe_variants
 
             resolve_probe_variants([x.model_dump() for x in v])
         return v
@@ -636,6 +636,12 @@ def load_config(path: str | Path, environ: dict[str, str] | None = None) -> Spad
             msg = err["msg"].removeprefix("Value error, ")
             raise ConfigError(f"{path}: {msg}") from None
         raise ConfigError(f"{path}: bad value for '{key}': {err['msg']}") from None
+
+
+def memory_config(cfg: SpadeConfig) -> tuple[MemoryConfig, str]:
+    """The memory's config and its resolved URI (default <data_dir>/memory)."""
+    mcfg = cfg.memory or MemoryConfig()
+    return mcfg, mcfg.uri or str(cfg.paths.data_dir / "memory")
 
 
 def run_dir(cfg: SpadeConfig) -> Path:

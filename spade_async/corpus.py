@@ -31,6 +31,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from spade_async.core.io import atomic_write_json
 from spade_async.logs import get_logger
 
 log = get_logger("corpus")
@@ -637,21 +638,6 @@ class HFDatasetSource(CorpusSource):
 _STATE_VERSION = 1
 
 
-def _atomic_write_json(path: Path, obj: dict) -> None:
-    """Temp file in the same directory, fsync, rename, fsync the directory."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(obj, f, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _shuffled(items: Iterable[Chunk], rng: random.Random, buffer_size: int) -> Iterator[Chunk]:
     """A seeded shuffle buffer: uniform when the whole stream fits into the buffer."""
     buffer: list[Chunk] = []
@@ -828,7 +814,7 @@ class CorpusSampler(Iterator[Chunk]):
             "done_ahead": sorted(self._done_ahead),
         }
         self.state_path.parent.mkdir(parents=True, exist_ok=True)
-        _atomic_write_json(self.state_path, state)
+        atomic_write_json(self.state_path, state, sort_keys=True)
 
     def _epoch_stream(self, epoch: int) -> Iterator[Chunk]:
         rng = random.Random(f"{self.seed}/{epoch}")

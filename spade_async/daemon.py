@@ -36,6 +36,8 @@ from spade_async.admission import Admission, Reservation, Stream, StreamPool
 from spade_async.chat_tokens import ChatTokens
 from spade_async.config import SpadeConfig
 from spade_async.constrained import TokenBytes
+from spade_async.core.io import append_jsonl, atomic_write_text
+from spade_async.core.policy import current_path
 from spade_async.corpus import Chunk, CorpusSampler
 from spade_async.designer import Design, design
 from spade_async.edit import VariantView, candidate_params, propose_edit
@@ -202,8 +204,7 @@ class Daemon:
                  run_dir: Path) -> None:
         self.cfg, self.pool, self.sandbox, self.memory = cfg, pool, sandbox, memory
         self.spool, self.corpus, self.chat, self.run_dir = spool, corpus, chat, run_dir
-        self.policy = PolicyVersion(cfg.paths.data_dir / "weights" / "current.json",
-                                    cfg.model.served_name)
+        self.policy = PolicyVersion(current_path(cfg.paths.data_dir), cfg.model.served_name)
         self.counters: Counter[str] = Counter()
         self.reasons: Counter[str] = Counter()
         self.regrets: list[float] = []
@@ -404,8 +405,9 @@ class Daemon:
         the base model, included), in the background: its requests share the pool with the
         loop's, at `eval.concurrency`, and a failure is logged, never raised into the loop.
         Versions already in <data_dir>/eval/results.jsonl are not evaluated again."""
-        from spade_async.evals.base import evaluate_version, load_results
+        from spade_async.evals.base import load_results
         from spade_async.evals.bfcl import BfclSetupError
+        from spade_async.evals.run import evaluate_version
 
         every = self.cfg.eval.every_versions
         done = {int(r.get("version", -1)) for r in load_results(self.cfg.paths.data_dir)
@@ -1117,13 +1119,7 @@ class Daemon:
 
     async def _append(self, log_name: str, record: dict[str, Any]) -> None:
         """One line of <run_dir>/{designs,episodes,plays}.jsonl: what `spade report` plots."""
-        line = json.dumps(record, ensure_ascii=False) + "\n"
-
-        def write() -> None:
-            with open(self.run_dir / f"{log_name}.jsonl", "a") as f:
-                f.write(line)
-
-        await anyio.to_thread.run_sync(write)
+        await anyio.to_thread.run_sync(append_jsonl, self.run_dir / f"{log_name}.jsonl", record)
 
     def status(self) -> dict[str, Any]:
         regrets = sorted(self.regrets)
@@ -1159,9 +1155,9 @@ class Daemon:
         }
 
     def _write_status(self) -> None:
-        tmp = self.run_dir / "status.json.tmp"
-        tmp.write_text(json.dumps(self.status(), indent=1))
-        os.replace(tmp, self.run_dir / "status.json")
+        # rewritten every few seconds: atomic (readers never see half), not fsynced
+        atomic_write_text(self.run_dir / "status.json", json.dumps(self.status(), indent=1),
+                          durable=False)
 
     async def _status_loop(self) -> None:
         while True:

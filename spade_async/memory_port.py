@@ -15,23 +15,17 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from memory_db.config import MemoryConfig
 from memory_db.records import NewEnv, VariantStats
 from memory_db.schema import variant_id
 from memory_db.store import EnvMemory
 from memory_db.store import open_memory as _open_memory
-from spade_async.config import SpadeConfig
+from spade_async.config import SpadeConfig, memory_config
 from spade_async.daemon import StoredEnv
 from spade_async.envs.validate import ValidationReport
 from spade_async.regret import DesignStatus, EnvRegret
 
 _NAME = re.compile(r"""^\s*name\s*(?::\s*str\s*)?=\s*["']([^"']{1,80})["']""", re.M)
 _DESC = re.compile(r"""^\s*description\s*(?::\s*str\s*)?=\s*["']([^"']{1,400})""", re.M)
-
-
-def memory_config(cfg: SpadeConfig) -> tuple[MemoryConfig, str]:
-    mcfg: MemoryConfig = getattr(cfg, "memory", None) or MemoryConfig()
-    return mcfg, mcfg.uri or str(cfg.paths.data_dir / "memory")
 
 
 class LanceMemoryPort:

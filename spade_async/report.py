@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from spade_async.config import SpadeConfig, run_dir
+from spade_async.core.io import read_jsonl
 from spade_async.curriculum import (
     CURRICULUM_HEAD,
     DESIGN_MOVES,
@@ -48,23 +49,6 @@ from spade_async.curriculum import (
     rate_text,
     value_text,
 )
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """Every whole JSON object line of `path` (none if it is missing; a torn line is skipped)."""
-    try:
-        raw = path.read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return []
-    out = []
-    for line in raw.splitlines():
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(rec, dict):
-            out.append(rec)
-    return out
 
 
 def rolling_mean(values: Iterable[float], window: int) -> np.ndarray:
@@ -147,7 +131,7 @@ def _memory_rows(cfg: SpadeConfig) -> list[dict]:
     import anyio
 
     from memory_db.store import EnvMemory
-    from spade_async.memory_port import memory_config
+    from spade_async.config import memory_config
 
     mcfg, uri = memory_config(cfg)
     if "://" not in uri and not Path(uri).is_dir():

@@ -30,6 +30,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from spade_async.core.io import atomic_write_json
+from spade_async.core.io import fsync_dir as _fsync_dir  # a module name the crash tests patch
 from spade_async.logs import get_logger
 
 log = get_logger("spool")
@@ -354,24 +356,6 @@ def _batch_name(seq: int) -> str:
     return f"batch-{seq:012d}.arrow"
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_json_atomic(path: Path, obj: dict) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(obj, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
-
-
 class FileSpool(BatchSpool):
     """A directory of `batch-{seq:012d}.arrow` files (Arrow IPC file format).
 
@@ -430,7 +414,7 @@ class FileSpool(BatchSpool):
         log.info("spool writer ready", dir=str(self.dir), last_seq=self._last_seq)
 
     def _write_state(self) -> None:
-        _write_json_atomic(
+        atomic_write_json(
             self.dir / _STATE_FILE, {"schema_version": SCHEMA_VERSION, "last_seq": self._last_seq}
         )
 
@@ -563,10 +547,10 @@ class FileSpool(BatchSpool):
             raise SpoolError(f"spool {self.dir}: cannot ack {seq}; batches run up to {last}")
         if seq <= self.acked_seq():
             return
-        _write_json_atomic(self.dir / _ACK_FILE, {"acked_seq": seq})
+        atomic_write_json(self.dir / _ACK_FILE, {"acked_seq": seq})
 
     def mark_taken(self, seq: int) -> None:
-        _write_json_atomic(self.dir / _TAKEN_FILE, {"taken_seq": int(seq)})
+        atomic_write_json(self.dir / _TAKEN_FILE, {"taken_seq": int(seq)})
 
     def taken_seq(self) -> int:
         return max(int(self._read_json(_TAKEN_FILE).get("taken_seq", 0)), self.acked_seq())

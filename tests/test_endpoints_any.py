@@ -24,7 +24,8 @@ from spade_async.endpoints.pool import (
     retry_after_s,
 )
 from spade_async.endpoints.roles import RoleCapabilityError, check_roles
-from spade_async.evals.base import EvalFailed, evaluate_version
+from spade_async.evals.base import EvalFailed
+from spade_async.evals.run import evaluate_version
 from spade_async.testing.fake_openai import FakeOpenAIServer, FakeState
 from spade_async.testing.scripted import ENV_CODE
 

@@ -31,7 +31,7 @@ from spade_async.config import (
     load_config,
 )
 from spade_async.endpoints.pool import EndpointPool
-from spade_async.envs.contract import resolve_params
+from spade_async.envs.contract import easiest_point, resolve_params
 from spade_async.evals import SUITES
 from spade_async.evals.base import EvalPolicy, run_suite, store_result, wilson_interval
 from spade_async.evals.probe import (
@@ -39,7 +39,6 @@ from spade_async.evals.probe import (
     SEEDS_DIR,
     ProbeSuite,
     default_probe_variants,
-    easiest_point,
     family_knobs,
     probe_seeds,
     resolve_probe_variants,

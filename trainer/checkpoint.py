@@ -31,6 +31,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
+from spade_async.core.io import atomic_write_json, fsync_dir
 from spade_async.logs import get_logger
 from trainer.parallel import Dist
 
@@ -78,24 +79,6 @@ class TrainerState:
         return [s for a, b, _ in self.trained for s in range(a, b + 1)]
 
 
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_json_atomic(path: Path, obj: dict) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(obj, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
-
-
 class Checkpointer:
     def __init__(self, root: Path, d: Dist, *, lora: bool, keep: int) -> None:
         self.dir = Path(root) / "checkpoints"
@@ -134,10 +117,10 @@ class Checkpointer:
                  storage_writer=dcp.FileSystemWriter(tmp, sync_files=True, overwrite=True))
         dist.barrier()  # every rank's shards are on disk before the commit
         if self.d.is_main:
-            write_json_atomic(tmp / STATE_FILE, asdict(state))
+            atomic_write_json(tmp / STATE_FILE, asdict(state))
             os.replace(tmp, final)
             fsync_dir(self.dir)
-            write_json_atomic(self.dir / LATEST, {"step": state.step, "dir": name})
+            atomic_write_json(self.dir / LATEST, {"step": state.step, "dir": name})
             self._prune(keep_name=name)
         dist.barrier()
         log.info("checkpoint_saved", step=state.step, last_seq=state.last_seq, dir=str(final))

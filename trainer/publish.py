@@ -26,6 +26,8 @@ import anyio
 from anyio.from_thread import start_blocking_portal
 
 from spade_async.config import EndpointConfig, SpadeConfig
+from spade_async.core.io import atomic_write_json
+from spade_async.core.policy import CURRENT
 from spade_async.endpoints.pool import EndpointError, EndpointPool
 from spade_async.endpoints.swap import (
     LoraSwapper,
@@ -35,12 +37,10 @@ from spade_async.endpoints.swap import (
     make_swapper,
 )
 from spade_async.logs import get_logger
-from trainer.checkpoint import write_json_atomic
 from trainer.config import TrainerConfig
 
 log = get_logger("trainer.publish")
 
-CURRENT = "current.json"
 _VERSION_DIR = re.compile(r"^v(\d+)$")
 
 
@@ -247,7 +247,7 @@ class Publisher:
         t0 = time.perf_counter() if started is None else started
         swap_s, attempts = self.portal.call(self._push_all, version, path)
         model = self.model_name(version)
-        write_json_atomic(self.root / CURRENT, {
+        atomic_write_json(self.root / CURRENT, {
             "version": version, "model": model, "path": str(path),
             "endpoints": sorted(swap_s), "published_at": time.time()})
         report = PublishReport(version, model, time.perf_counter() - t0, swap_s, attempts)

@@ -5,6 +5,7 @@ and the gymnasium adapter. It describes what generated code must provide; it nev
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import json
 import math
@@ -372,3 +373,44 @@ def extreme_points(specs: tuple[ParamSpec, ...]) -> list[dict[str, Any]]:
             if point not in points:
                 points.append(point)
     return points
+
+
+# ---- reading the knobs without running the module ---------------------------------------
+
+_COMPUTED = object()
+
+
+def _declared_params(cls: ast.ClassDef | None) -> Any:
+    """The class body's `params = {...}` as a value: None when there is none, _COMPUTED when it
+    is not a literal (then only the loaded environment can tell)."""
+    value = None
+    for node in cls.body if cls is not None else ():
+        targets = node.targets if isinstance(node, ast.Assign) else (
+            [node.target] if isinstance(node, ast.AnnAssign) and node.value is not None else [])
+        if any(isinstance(t, ast.Name) and t.id == "params" for t in targets):
+            value = node.value
+    if value is None:
+        return None
+    try:
+        return ast.literal_eval(value)
+    except Exception:  # any non-literal (or absurdly nested) expression
+        return _COMPUTED
+
+
+def declared_params(code: str) -> tuple[ParamSpec, ...]:
+    """The knobs a module's Environment declares as a literal, read without running it (the
+    daemon never imports environment code, seeds included). ContractError when the module does
+    not parse, has no Environment class, or its `params` is not a literal or not a valid
+    schema; () when it declares none."""
+    try:
+        tree = ast.parse(code)
+    except SyntaxError as exc:
+        raise ContractError(f"the module does not parse: {exc.msg} (line {exc.lineno})") from None
+    classes = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Environment"]
+    if not classes:
+        raise ContractError("no top-level class named Environment")
+    raw = _declared_params(classes[0])
+    if raw is _COMPUTED:
+        raise ContractError("Environment.params is not a literal: only the loaded environment "
+                            "can tell its knobs")
+    return check_params_schema(raw)

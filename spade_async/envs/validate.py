@@ -23,13 +23,16 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from spade_async.config import SandboxConfig, ValidationConfig
-from spade_async.envs.contract import (
+from spade_async.envs.contract import (  # noqa: F401 (declared_params: used from here too)
+    _COMPUTED,
     ALLOWED_IMPORTS,
     REQUIRED_METHODS,
     ContractError,
     EnvMeta,
     ParamSpec,
+    _declared_params,
     check_params_schema,
+    declared_params,
     episode_score,
     extreme_points,
     resolve_params,
@@ -172,45 +175,6 @@ def static_checks(code: str, max_bytes: int, params: dict[str, Any] | None = Non
                             f"Environment lacks {', '.join(m + '()' for m in missing)}"))
     checks.append(_static_params(classes[0] if classes else None, params))
     return checks
-
-
-_COMPUTED = object()
-
-
-def _declared_params(cls: ast.ClassDef | None) -> Any:
-    """The class body's `params = {...}` as a value: None when there is none, _COMPUTED when it
-    is not a literal (then only the loaded environment can tell)."""
-    value = None
-    for node in cls.body if cls is not None else ():
-        targets = node.targets if isinstance(node, ast.Assign) else (
-            [node.target] if isinstance(node, ast.AnnAssign) and node.value is not None else [])
-        if any(isinstance(t, ast.Name) and t.id == "params" for t in targets):
-            value = node.value
-    if value is None:
-        return None
-    try:
-        return ast.literal_eval(value)
-    except Exception:  # any non-literal (or absurdly nested) expression
-        return _COMPUTED
-
-
-def declared_params(code: str) -> tuple[ParamSpec, ...]:
-    """The knobs a module's Environment declares as a literal, read without running it (the
-    daemon never imports environment code, seeds included). ContractError when the module does
-    not parse, has no Environment class, or its `params` is not a literal or not a valid
-    schema; () when it declares none."""
-    try:
-        tree = ast.parse(code)
-    except SyntaxError as exc:
-        raise ContractError(f"the module does not parse: {exc.msg} (line {exc.lineno})") from None
-    classes = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Environment"]
-    if not classes:
-        raise ContractError("no top-level class named Environment")
-    raw = _declared_params(classes[0])
-    if raw is _COMPUTED:
-        raise ContractError("Environment.params is not a literal: only the loaded environment "
-                            "can tell its knobs")
-    return check_params_schema(raw)
 
 
 def _static_params(cls: ast.ClassDef | None, params: dict[str, Any] | None) -> Check:

@@ -14,7 +14,6 @@ import json
 import math
 import time
 from collections.abc import Callable, Sequence
-from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -22,12 +21,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 import anyio
 
 from spade_async.chat_tokens import ChatTokens
+from spade_async.core.io import append_jsonl, atomic_write_text, read_jsonl
 from spade_async.endpoints.pool import EndpointError, EndpointPool
 from spade_async.logs import get_logger
 
 if TYPE_CHECKING:
-    from spade_async.endpoints.roles import RoleRoute
-    from spade_async.sandbox.runtime import Sandbox
+    pass
 
 log = get_logger("eval")
 
@@ -224,18 +223,13 @@ def store_result(data_dir: Path, result: SuiteResult) -> Path:
     per_version = root / f"v{result.version}"
     per_version.mkdir(parents=True, exist_ok=True)
     tasks_file = per_version / f"{result.suite}.jsonl"
-    tmp = tasks_file.with_suffix(".jsonl.tmp")
-    tmp.write_text("".join(json.dumps(asdict(t), ensure_ascii=False) + "\n"
-                           for t in result.tasks))
-    tmp.replace(tasks_file)
-    with open(root / "results.jsonl", "a", encoding="utf-8") as f:
-        f.write(json.dumps(result.summary()) + "\n")
+    atomic_write_text(tasks_file, "".join(json.dumps(asdict(t), ensure_ascii=False) + "\n"
+                                          for t in result.tasks))
+    append_jsonl(root / "results.jsonl", result.summary())
     return tasks_file
 
 
 def load_results(data_dir: Path) -> list[dict[str, Any]]:
-    from spade_async.report import read_jsonl
-
     return read_jsonl(eval_dir(data_dir) / "results.jsonl")
 
 
@@ -256,42 +250,3 @@ def model_for_version(cfg: Any, version: int, current: tuple[int, str]) -> str:
     raise ValueError(f"the servers hold only version {cur_version} ({', '.join(sorted(swaps))} "
                      "replaces the weights); evaluate a version while it is the newest, e.g. "
                      "with eval.every_versions")
-
-
-async def evaluate_version(cfg: Any, pool: EndpointPool, chat: ChatTokens, *, version: int,
-                           model: str, suites: Sequence[str], limit: int | None = None,
-                           progress: Callable[[str], None] = lambda _: None,
-                           sandbox: Sandbox | None = None,
-                           route: RoleRoute | None = None) -> list[SuiteResult]:
-    """Run each suite against `model` and store its results under <data_dir>/eval/, on
-    `route` (default roles.eval's: its endpoint group and path).
-    `sandbox`: where the probe suite plays; None opens one for its run. A process that already
-    holds a Sandbox (the daemon) must pass it: two in one process share the slot uids, each
-    one's orphan reaper counts the other's live workers as its own dying orphans, and its
-    used slots never free (its next `open` waits for ever)."""
-    from spade_async.endpoints.roles import group_has, role_route
-    from spade_async.evals import make_suite
-
-    ecfg = cfg.eval
-    route = route or role_route(cfg, "eval")
-    policy = EvalPolicy(pool, chat, model=model, version=version, max_tokens=ecfg.max_tokens,
-                        max_seq_len=ecfg.max_seq_len,
-                        deadline_s=cfg.rollout.request_deadline_s, path=route.path,
-                        group=route.group, tools=group_has(pool, route.group, "tools"))
-    out = []
-    for name in suites:
-        suite = make_suite(name, cfg, sandbox)
-        progress(f"{name}: evaluating version {version} ({model})")
-        # A suite that holds resources for its run (the probe's sandbox) is a context manager.
-        held = suite if isinstance(suite, AbstractAsyncContextManager) else nullcontext()
-        async with held:
-            result = await run_suite(suite, policy, limit=limit,
-                                     concurrency=ecfg.concurrency, progress=progress)
-        result.external = route.model is not None
-        if result.scored == 0 and result.n:
-            # Every task failed on the endpoint: that is no score, and is not stored as one.
-            raise EvalFailed(f"{name}: no task got a score; every one of {result.n} failed on "
-                             f"the endpoint (first: {result.tasks[0].error})")
-        store_result(cfg.paths.data_dir, result)
-        out.append(result)
-    return out

@@ -1,0 +1,34 @@
+"""The policy-version record: `<data_dir>/weights/current.json`, `{"version": N, "model":
+"<the name requests use>"}`, written by the trainer once every endpoint serves version N and
+read by the daemon, the CLI and the evaluation. Absent: version 0, the base model."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from spade_async.core.io import atomic_write_json
+
+CURRENT = "current.json"
+
+
+def weights_dir(data_dir: Path) -> Path:
+    return data_dir / "weights"
+
+
+def current_path(data_dir: Path) -> Path:
+    return weights_dir(data_dir) / CURRENT
+
+
+def read_current(data_dir: Path) -> dict[str, Any] | None:
+    """The record as written, or None when there is none (or it cannot be read)."""
+    try:
+        data = json.loads(current_path(data_dir).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def write_current(data_dir: Path, record: dict[str, Any]) -> None:
+    atomic_write_json(current_path(data_dir), record)
