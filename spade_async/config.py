@@ -12,8 +12,6 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Field,
     ValidationError,
     field_validator,
@@ -21,16 +19,13 @@ from pydantic import (
 )
 
 from memory_db.config import MemoryConfig
+from spade_async.core.strict import Strict as _Strict
 from spade_async.corpus import CorpusConfig
 from trainer.config import TrainerConfig
 
 
 class ConfigError(ValueError):
     """A config file that cannot be used; the message names the file and the key."""
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class VllmLoraSwap(_Strict):

@@ -29,9 +29,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from spade_async.core.io import atomic_write_json
+from spade_async.core.strict import Strict as _Strict
 from spade_async.logs import get_logger
 
 log = get_logger("corpus")
@@ -893,10 +894,6 @@ class CorpusSampler(Iterator[Chunk]):
 
 # --------------------------------------------------------------------------------------------
 # Config
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class StdlibSourceConfig(_Strict):

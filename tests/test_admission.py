@@ -149,7 +149,7 @@ async def _run_sampling(cfg, chat, tmp_path, tag: str, iterations: int):
 
         async def watch() -> None:
             while True:
-                now = pool.in_flight()
+                now = {e["name"]: e["in_flight"] for e in pool.snapshot()}
                 for name, n in now.items():
                     peaks[name] = max(peaks[name], n)
                 # the steady state: past the first play, while documents are still admitted

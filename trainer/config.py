@@ -10,17 +10,17 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, model_validator
+
+from spade_async.core.strict import Strict
 
 
 class TrainerConfigError(ValueError):
     """A trainer config that cannot be used; names the key."""
 
 
-class TrainerConfig(BaseModel):
+class TrainerConfig(Strict):
     """How the trainer learns from regret batches and when it publishes weights (DESIGN §8)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     # -- what is trained ----------------------------------------------------------------------
     mode: Literal["lora", "full"] = Field(

@@ -381,9 +381,6 @@ class EndpointPool:
     def names(self) -> list[str]:
         return [ep.name for ep in self._endpoints]
 
-    def in_flight(self) -> dict[str, int]:
-        return {ep.name: ep.in_flight for ep in self._endpoints}
-
     def snapshot(self) -> list[dict[str, Any]]:
         """Per endpoint, for status: up or down, requests in flight against its limit."""
         out = []

@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-from anyio.abc import TaskStatus
 
 from spade_async.config import SandboxConfig
 from spade_async.envs.contract import (
@@ -269,16 +268,6 @@ class Worker:
             return False
         self._close_pipes()
         return True
-
-    def kill_now(self) -> None:
-        """Synchronous kill for teardown paths that cannot await."""
-        self.dead = self.dead or "closed"
-        self._signal_all()
-        try:
-            self.proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            pass
-        self._close_pipes()
 
     async def close(self) -> None:
         # No goodbye round trip: the worker holds nothing worth a graceful exit.
@@ -553,12 +542,6 @@ class Sandbox:
             yield EnvSession(worker, meta, self.cfg)
         finally:
             self._give_back(worker)
-
-    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        """Service form for the daemon's task group."""
-        async with self:
-            task_status.started()
-            await anyio.sleep_forever()
 
 
 @asynccontextmanager
