@@ -1,7 +1,8 @@
 """structlog set up once per process: JSON lines when stderr is not a terminal, console in one.
 
-Bound context (run id, env id, episode id, policy version) travels through contextvars, so a
-component only binds what it adds. Tests read logs with `structlog.testing.capture_logs`.
+Each component logs through `get_logger(name)`, which adds `component`; the context of an
+event (env id, episode id, policy version) is passed with the event itself. Tests read logs
+with `structlog.testing.capture_logs`.
 """
 
 from __future__ import annotations

@@ -8,7 +8,8 @@ they share its deadlines, retries and error messages:
   through `/collective_rpc`, reset the prefix cache, record the version, resume;
 - `vllm-nccl`: vLLM's NCCL weight-transfer routes, the data plane attached by the trainer;
 - `none`: an external API that is never trained.
-This module never decides *when* to swap; the daemon's weight watcher does.
+This module never decides *when* to swap: the trainer's publisher (trainer/publish.py) does,
+after each published step.
 """
 
 from __future__ import annotations

@@ -1,12 +1,15 @@
 """An in-process fake of vLLM's OpenAI-compatible server, for deterministic tests and benchmarks.
 
-It speaks the subset SPADE-async uses (chat completions with `logprobs` + `return_token_ids`,
-`/v1/models`, runtime LoRA load/unload, `/update_weight_version`, `/weight_info`,
-`/collective_rpc`, `/reset_prefix_cache`, `/health`) and lets a test inject failures, latency and
-outages. It stands beside the real vLLM tests, never instead of them.
+It speaks the subset SPADE-async uses (token-id completions with `logprobs` and
+`return_token_ids`, chat completions with tools and structured outputs, `/v1/models`, runtime
+LoRA load/unload, `/update_weight_version`, `/weight_info`, `/collective_rpc`, vLLM's NCCL
+weight-transfer routes, `/reset_prefix_cache`, `/version`, `/openapi.json`, `/health`) and lets a
+test inject failures, latency, rate limits and outages. It stands beside the real vLLM tests,
+never instead of them.
 
-Replies are a pure function of (model, last user message, max_tokens, weight version), so a test
-can tell which adapter or which weights answered.
+Replies are a pure function of the request (a test's `script` of the prompt ids, else the model,
+the prompt's end, max_tokens and the weight version), so a test can tell which adapter or which
+weights answered.
 """
 
 from __future__ import annotations
