@@ -178,90 +178,8 @@ DEFAULT_STDLIB_DENY: tuple[str, ...] = (
     "lib2to3.pgen2",  # builds grammar pickles on import in some installs
 )
 
-# Runs in a child `python -I -S -B`: commands (module names) on fd 0, JSON replies on a
-# duplicate of fd 1; the real fds 0-2 point at /dev/null so modules that print or read at import
-# cannot corrupt the protocol. Standard library only.
-_STDLIB_WORKER = r"""
-import importlib, inspect, json, os, pkgutil, sys, warnings
-warnings.simplefilter("ignore")
-commands = os.fdopen(os.dup(0), "r", encoding="utf-8")
-replies = os.fdopen(os.dup(1), "w", encoding="utf-8")
-null = os.open(os.devnull, os.O_RDWR)
-for fd in (0, 1, 2):
-    os.dup2(null, fd)
-
-def clean(doc):
-    return inspect.cleandoc(doc).strip() if isinstance(doc, str) and doc.strip() else ""
-
-def signature(obj):
-    try:
-        return str(inspect.signature(obj))
-    except Exception:  # any error: text signatures of C functions are evaluated
-        return ""
-
-def own_module(obj, modname):
-    owner = getattr(obj, "__module__", None)
-    return owner == modname or owner == "_" + modname.rsplit(".", 1)[-1]
-
-def describe_member(obj, name, modname):
-    is_class = inspect.isclass(obj)
-    if not (is_class or inspect.isfunction(obj) or inspect.isbuiltin(obj)):
-        return
-    if not own_module(obj, modname):
-        return
-    doc = clean(vars(obj).get("__doc__") if is_class else obj.__doc__)
-    if doc:
-        head = f"class {name}" if is_class else f"{name}{signature(obj)}"
-        yield f"{head}\n\n{doc}"
-    if not is_class:
-        return
-    for attr, member in sorted(vars(obj).items()):
-        if attr.startswith("_"):
-            continue
-        target = getattr(member, "__func__", member)
-        if not (callable(target) or isinstance(member, property)):
-            continue
-        mdoc = clean(getattr(target, "__doc__", None))
-        if mdoc and mdoc != doc:
-            sig = "" if isinstance(member, property) else signature(target)
-            yield f"{name}.{attr}{sig}\n\n{mdoc}"
-
-def describe(mod, modname):
-    parts = [clean(mod.__doc__)]
-    exported = getattr(mod, "__all__", None)
-    if not (isinstance(exported, (list, tuple)) and all(isinstance(n, str) for n in exported)):
-        exported = dir(mod)
-    seen = set()
-    for name in sorted(set(exported)):
-        if name.startswith("_"):
-            continue
-        try:
-            obj = getattr(mod, name)
-        except Exception:
-            continue
-        if id(obj) in seen:
-            continue  # an alias (bisect.bisect is bisect.bisect_right): document it once
-        seen.add(id(obj))
-        try:
-            parts.extend(describe_member(obj, name, modname))
-        except Exception:
-            continue  # one odd object does not cost the module its document
-    return "\n\n".join(p for p in parts if p)
-
-for line in commands:
-    modname = line.strip()
-    reply = {"module": modname, "ok": False}
-    try:
-        mod = importlib.import_module(modname)
-        children = []
-        if hasattr(mod, "__path__"):
-            children = sorted(m.name for m in pkgutil.iter_modules(mod.__path__, modname + "."))
-        reply = {"module": modname, "ok": True, "text": describe(mod, modname), "children": children}
-    except BaseException as exc:
-        reply["error"] = f"{type(exc).__name__}: {exc}"[:500]
-    replies.write(json.dumps(reply) + "\n")
-    replies.flush()
-"""
+# The child's script: a real module, run by path (`-I` keeps its directory off sys.path).
+_STDLIB_WORKER = Path(__file__).resolve().with_name("corpus_worker.py")
 
 
 class _ImportWorker:
@@ -279,7 +197,7 @@ class _ImportWorker:
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C.UTF-8"}
         self._buffer = b""
         self._proc = subprocess.Popen(
-            [self._python, "-I", "-S", "-B", "-c", _STDLIB_WORKER],
+            [self._python, "-I", "-S", "-B", str(_STDLIB_WORKER)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,

@@ -328,8 +328,10 @@ for line in sys.stdin:
 """
 
 
-def test_import_worker_survives_hangs_and_crashes(monkeypatch):
-    monkeypatch.setattr(corpus, "_STDLIB_WORKER", _FAKE_WORKER)
+def test_import_worker_survives_hangs_and_crashes(monkeypatch, tmp_path):
+    script = tmp_path / "fake_worker.py"
+    script.write_text(_FAKE_WORKER)
+    monkeypatch.setattr(corpus, "_STDLIB_WORKER", script)
     worker = corpus._ImportWorker(sys.executable, timeout_s=2.0)
     try:
         first = worker.query("json")
