@@ -49,8 +49,10 @@ from memory_db.replay import pool_distribution, replay_pool
 from memory_db.schema import Tables, canonical_params, open_tables, read_meta, sql_str, variant_id
 from memory_db.writer import (
     InsertPayload,
+    MaintainPayload,
     MemoryClosed,
     RecordPayload,
+    SamplePayload,
     Writer,
     refine_factor,
     variant_from_row,
@@ -163,7 +165,7 @@ class EnvMemory:
         vectors = await aembed(self.embedder, [env_text(e.name, e.description, e.code)
                                                for e in envs])
         return await writer.submit_many(
-            "insert", [InsertPayload(e, v) for e, v in zip(envs, vectors, strict=True)])
+            [InsertPayload(e, v) for e, v in zip(envs, vectors, strict=True)])
 
     async def record_episodes(self, env_id: str, *, hinted: Iterable[float] = (),
                               unhinted: Iterable[float] = (),
@@ -182,26 +184,26 @@ class EnvMemory:
                             tuple(float(x) for x in hint_copies), int(sandbox_failures))
         canon = canonical_params(params)  # a value that is not JSON fails here, in the caller
         return await self._w().submit(
-            "record", RecordPayload(env_id, canon, variant_id(env_id, params), episodes))
+            RecordPayload(env_id, canon, variant_id(env_id, params), episodes))
 
     async def sample_replay(self, rng: random.Random) -> tuple[str, float] | None:
         """Draw one played variant by P_replay and mark it visited: (variant id, its
         probability); `variant()` has its environment and params. None when nothing has been
         played yet."""
-        return await self._w().submit("sample", (rng.random(), 1))
+        return await self._w().submit(SamplePayload(rng.random()))
 
     async def next_replay(self, rng: random.Random) -> str | None:
         """PLR's decision: with probability `replay_prob` (once `min_seen` environments were
         played) the id of a variant to replay; otherwise None, meaning design a new one."""
         if rng.random() >= self.cfg.replay.replay_prob:
             return None
-        drawn = await self._w().submit("sample", (rng.random(), self.cfg.replay.min_seen))
+        drawn = await self._w().submit(SamplePayload(rng.random(), self.cfg.replay.min_seen))
         return None if drawn is None else drawn[0]
 
     async def maintain(self, *, optimize: bool = True,
                        index: Literal["auto", "force", "skip"] = "auto") -> dict[str, Any]:
         """Run maintenance now, in the writer (between batches)."""
-        return await self._w().submit("maintain", {"optimize": optimize, "index": index})
+        return await self._w().submit(MaintainPayload(optimize, index))
 
     # ---- reads ---------------------------------------------------------------------------
 

@@ -20,9 +20,10 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
-from typing import Any
+from typing import Any, Literal
 
 import anyio
 import numpy as np
@@ -58,21 +59,10 @@ class MemoryClosed(RuntimeError):
     """The memory has no running writer (opened read-only, or already closed)."""
 
 
-@dataclass
-class Op:
-    kind: str  # insert | record | sample | maintain
-    payload: Any
-    done: anyio.Event = field(default_factory=anyio.Event)
-    result: Any = None
-    error: BaseException | None = None
-
-    def finish(self, result: Any = None, error: BaseException | None = None) -> None:
-        self.result, self.error = result, error
-        self.done.set()
-
-
 @dataclass(frozen=True)
 class InsertPayload:
+    """Store `env` (embedded as `vector`) through the novelty filter: an InsertResult."""
+
     env: NewEnv
     vector: np.ndarray
 
@@ -86,6 +76,46 @@ class RecordPayload:
     params: str
     variant_id: str
     episodes: Episodes
+
+
+@dataclass(frozen=True)
+class SamplePayload:
+    """Draw a played variant by P_replay (`u` uniform in [0, 1)) once at least `min_seen`
+    variants were played, and mark it visited: (variant id, probability) or None."""
+
+    u: float
+    min_seen: int = 1
+
+
+@dataclass(frozen=True)
+class MaintainPayload:
+    """Compaction and (re)indexing now, between batches: what was done."""
+
+    optimize: bool = True
+    index: Literal["auto", "force", "skip"] = "auto"
+
+
+Payload = InsertPayload | RecordPayload | SamplePayload | MaintainPayload
+_KINDS: dict[type, str] = {InsertPayload: "insert", RecordPayload: "record",
+                           SamplePayload: "sample", MaintainPayload: "maintain"}
+
+
+@dataclass
+class Op:
+    """One queued operation; its kind (the stage that runs it) follows from its payload."""
+
+    payload: Payload
+    done: anyio.Event = field(default_factory=anyio.Event)
+    result: Any = None
+    error: BaseException | None = None
+
+    @property
+    def kind(self) -> str:
+        return _KINDS[type(self.payload)]
+
+    def finish(self, result: Any = None, error: BaseException | None = None) -> None:
+        self.result, self.error = result, error
+        self.done.set()
 
 
 def refine_factor(cfg: MemoryConfig, limit: int) -> int:
@@ -154,13 +184,13 @@ class Writer:
 
     # ---- producers -----------------------------------------------------------------------
 
-    async def submit(self, kind: str, payload: Any) -> Any:
-        return (await self.submit_many(kind, [payload]))[0]
+    async def submit(self, payload: Payload) -> Any:
+        return (await self.submit_many([payload]))[0]
 
-    async def submit_many(self, kind: str, payloads: list[Any]) -> list[Any]:
+    async def submit_many(self, payloads: Sequence[Payload]) -> list[Any]:
         if self._closed:
             raise MemoryClosed("the memory writer is not running")
-        ops = [Op(kind, p) for p in payloads]
+        ops = [Op(p) for p in payloads]
         with anyio.fail_after(self.cfg.writer.write_timeout_s):
             try:
                 for op in ops:
@@ -296,7 +326,8 @@ class Writer:
                 log.error("memory_clock_write_failed", error=repr(exc))
         for op in by_kind.get("maintain", []):
             try:
-                op.finish(await self._maintain(**op.payload))
+                op.finish(await self._maintain(optimize=op.payload.optimize,
+                                               index=op.payload.index))
             except Exception as exc:
                 op.finish(error=exc)
         if "insert" in by_kind and self._index_due():
@@ -446,7 +477,7 @@ class Writer:
         accepted = self.accepted
         family = {vid: env for vid, (env, _) in self.family.items()}
         for op in ops:
-            u, min_pool = op.payload
+            u, min_pool = op.payload.u, op.payload.min_seen
             merged = {**self.stats, **dirty}
             pool = replay_pool(merged, accepted, family)
             # min_seen counts environments (ReplayConfig), however many variants each has
