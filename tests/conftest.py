@@ -9,8 +9,9 @@ import pytest
 
 from spade_async.chat_tokens import ChatTokens
 from spade_async.endpoints.launch import REPO, InferenceProcess, LaunchError, start_inference
+from spade_async.endpoints.launch import free_port as _free_port
 from spade_async.logs import configure_logging
-from spade_async.testing.fake_openai import FakeOpenAIServer, _free_port
+from spade_async.testing.fake_openai import FakeOpenAIServer
 from spade_async.testing.scripted import Script
 
 configure_logging("info", json=False, force=True)  # logs to stderr, never into --json stdout

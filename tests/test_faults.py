@@ -19,7 +19,8 @@ import anyio
 import httpx
 import pytest
 
-from spade_async.testing.fake_openai import FakeOpenAIServer, _free_port
+from spade_async.endpoints.launch import free_port as _free_port
+from spade_async.testing.fake_openai import FakeOpenAIServer
 from spade_async.testing.faults import ALL_PATHS, Fault, FaultProxy
 
 CHAT = "/v1/chat/completions"

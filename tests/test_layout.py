@@ -137,6 +137,19 @@ def test_the_trainer_never_imports_the_daemons_internals():
     assert not {m: d for m, d in bad.items() if d}
 
 
+def test_no_module_imports_another_ones_private_names():
+    """A helper two modules need is public where it lives (a test's fakes are not a library)."""
+    found = []
+    for mod, path in _modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.ImportFrom) and not node.level
+                    and (node.module or "").split(".")[0] in PACKAGES
+                    and node.module != mod):
+                found += [f"{mod}: {node.module}.{a.name}" for a in node.names
+                          if a.name.startswith("_") and not a.name.startswith("__")]
+    assert not found
+
+
 def test_spade_help_loads_neither_lancedb_nor_torch():
     code = ("import sys\nfrom spade_async.cli import app\ntry:\n    app(['--help'])\n"
             "except SystemExit:\n    pass\n"

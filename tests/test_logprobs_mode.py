@@ -24,7 +24,7 @@ from spade_async.chat_tokens import ChatTokens
 from spade_async.config import ConfigError, load_config, logprobs_mode
 from spade_async.constrained import TokenBytes, choice_allowed_sets
 from spade_async.endpoints.launch import LaunchError, start_inference
-from spade_async.testing.fake_openai import _free_port
+from spade_async.endpoints.launch import free_port as _free_port
 from trainer.model import load_policy
 
 REPO = Path(__file__).resolve().parents[1]

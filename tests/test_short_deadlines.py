@@ -17,7 +17,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from spade_async.testing.fake_openai import _free_port
+from spade_async.endpoints.launch import free_port as _free_port
 
 REPO = Path(__file__).resolve().parents[1]
 ALIVE_FOR_S = 180

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from spade_async.endpoints.launch import free_port as _free_port
 from spade_async.report import PLOTS
-from spade_async.testing.fake_openai import _free_port
 
 REPO = Path(__file__).resolve().parents[1]
 LIMIT_S = 1500  # the run takes ~4 minutes here; this only bounds a hang

@@ -10,9 +10,10 @@ import pytest
 from structlog.testing import capture_logs
 
 from spade_async.config import EndpointConfig, PoolConfig, SpadeConfig, VllmNcclSwap
+from spade_async.endpoints.launch import free_port as _free_port
 from spade_async.endpoints.pool import EndpointPool
 from spade_async.endpoints.swap import NcclSwapper, SwapError, WedgedServer, make_swapper
-from spade_async.testing.fake_openai import FakeOpenAIServer, FakeState, _free_port
+from spade_async.testing.fake_openai import FakeOpenAIServer, FakeState
 from trainer.config import TrainerConfig
 from trainer.publish import Publisher, PublishError, read_current
 

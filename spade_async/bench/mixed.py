@@ -166,15 +166,14 @@ def run_mixed_bench(checkpoint: Path, *, capacities: tuple[int, ...] = (8, 4),
                     daemon: dict[str, Any] | None = None) -> dict[str, Any]:
     """`daemon`: DaemonConfig overrides (e.g. the fixed caps documents_in_flight = 2 and
     envs_in_flight = 4 that sized the work in flight before admission by capacity)."""
-    from spade_async.endpoints.launch import wait_healthy
-    from spade_async.testing.fake_openai import _free_port
+    from spade_async.endpoints.launch import free_port, wait_healthy
 
     chat = ChatTokens.from_pretrained(checkpoint)
     fakes, endpoints = [], []
     with tempfile.TemporaryDirectory(prefix="spade-bench-mixed-") as tmp:
         try:
             for i, cap in enumerate(capacities):
-                port = _free_port()
+                port = free_port()
                 fakes.append(subprocess.Popen(
                     [sys.executable, "-m", "spade_async.testing.scripted", str(port),
                      str(checkpoint), str(token_latency_s), "mixed", str(request_latency_s)]))

@@ -175,12 +175,11 @@ def run_pipeline_bench(checkpoint: Path, *, concurrency: int = 8, episodes: int 
     import subprocess
     import sys
 
-    from spade_async.endpoints.launch import wait_healthy
-    from spade_async.testing.fake_openai import _free_port
+    from spade_async.endpoints.launch import free_port, wait_healthy
 
     chat = ChatTokens.from_pretrained(checkpoint)
     report: dict[str, Any] = {"concurrency": concurrency, "tokens_per_turn": tokens}
-    port = _free_port()
+    port = free_port()
     # Its own process: an in-process fake would share this process's GIL and skew the ratio.
     fake = subprocess.Popen([sys.executable, "-m", "spade_async.testing.fake_openai", "--port",
                              str(port), "--token-latency", str(token_latency_s),

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import tempfile
 import time
@@ -17,6 +18,13 @@ import httpx
 
 REPO = Path(__file__).resolve().parents[2]
 INFERENCE_SCRIPT = REPO / "scripts" / "inference.sh"
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 nobody listens on now (for a server this process starts)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def vllm_python() -> Path:
@@ -144,12 +152,11 @@ def serving(model_dir: Path, base_url: str | None = None, *, progress=None,
     if base_url is not None:
         yield base_url, None
         return
-    from spade_async.testing.fake_openai import _free_port
 
     with tempfile.TemporaryDirectory(prefix="spade-vllm-") as tmp:
         if progress is not None:
             progress("starting vLLM through scripts/inference.sh")
-        server = start_inference(_free_port(), model_dir, Path(tmp) / "server.log",
+        server = start_inference(free_port(), model_dir, Path(tmp) / "server.log",
                                  extra_env=extra_env, progress=progress)
         try:
             yield server.base_url, server.start_seconds

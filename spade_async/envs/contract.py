@@ -377,11 +377,11 @@ def extreme_points(specs: tuple[ParamSpec, ...]) -> list[dict[str, Any]]:
 
 # ---- reading the knobs without running the module ---------------------------------------
 
-_COMPUTED = object()
+COMPUTED = object()
 
 
-def _declared_params(cls: ast.ClassDef | None) -> Any:
-    """The class body's `params = {...}` as a value: None when there is none, _COMPUTED when it
+def class_params_literal(cls: ast.ClassDef | None) -> Any:
+    """The class body's `params = {...}` as a value: None when there is none, COMPUTED when it
     is not a literal (then only the loaded environment can tell)."""
     value = None
     for node in cls.body if cls is not None else ():
@@ -394,7 +394,7 @@ def _declared_params(cls: ast.ClassDef | None) -> Any:
     try:
         return ast.literal_eval(value)
     except Exception:  # any non-literal (or absurdly nested) expression
-        return _COMPUTED
+        return COMPUTED
 
 
 def declared_params(code: str) -> tuple[ParamSpec, ...]:
@@ -409,8 +409,8 @@ def declared_params(code: str) -> tuple[ParamSpec, ...]:
     classes = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Environment"]
     if not classes:
         raise ContractError("no top-level class named Environment")
-    raw = _declared_params(classes[0])
-    if raw is _COMPUTED:
+    raw = class_params_literal(classes[0])
+    if raw is COMPUTED:
         raise ContractError("Environment.params is not a literal: only the loaded environment "
                             "can tell its knobs")
     return check_params_schema(raw)

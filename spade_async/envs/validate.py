@@ -24,14 +24,14 @@ from typing import Any
 
 from spade_async.config import SandboxConfig, ValidationConfig
 from spade_async.envs.contract import (  # noqa: F401 (declared_params: used from here too)
-    _COMPUTED,
     ALLOWED_IMPORTS,
+    COMPUTED,
     REQUIRED_METHODS,
     ContractError,
     EnvMeta,
     ParamSpec,
-    _declared_params,
     check_params_schema,
+    class_params_literal,
     declared_params,
     episode_score,
     extreme_points,
@@ -180,8 +180,8 @@ def static_checks(code: str, max_bytes: int, params: dict[str, Any] | None = Non
 def _static_params(cls: ast.ClassDef | None, params: dict[str, Any] | None) -> Check:
     """The knobs' schema, and a proposed variant's values against it, before anything runs.
     The loaded environment's own `params` is checked again after load (it may be computed)."""
-    raw = _declared_params(cls)
-    if raw is _COMPUTED:
+    raw = class_params_literal(cls)
+    if raw is COMPUTED:
         return Check("static.params", True, "params is not a literal: checked after load")
     try:
         specs = check_params_schema(raw)

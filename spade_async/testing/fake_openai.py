@@ -15,7 +15,6 @@ weights answered.
 from __future__ import annotations
 
 import hashlib
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -28,6 +27,8 @@ from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+
+from spade_async.endpoints.launch import free_port
 
 
 @dataclass
@@ -87,6 +88,10 @@ class FakeState:
     retry_after: str | None = "1"
     rate_limited: list[float] = field(default_factory=list)  # when each 429 was sent
     served_at: list[float] = field(default_factory=list)  # when each generation was answered
+
+    def keep_no_requests(self) -> None:
+        """Stop recording request bodies and the request log (a long benchmark's memory)."""
+        self.completions, self.chats, self.request_log = _Discard(), _Discard(), _Discard()
 
 
 def _token_ids(seed: str, n: int) -> list[int]:
@@ -362,7 +367,7 @@ class FakeOpenAIServer:
 
     def __init__(self, state: FakeState | None = None, port: int = 0) -> None:
         self.state = state or FakeState()
-        self.port = port or _free_port()
+        self.port = port or free_port()
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
 
@@ -403,12 +408,6 @@ class FakeOpenAIServer:
         self.stop()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def main() -> None:
     """`python -m spade_async.testing.fake_openai --port P [--token-latency S]`: the fake in its
     own process (benchmarks: an in-process server would share our GIL and skew the ratio)."""
@@ -422,9 +421,7 @@ def main() -> None:
     args = ap.parse_args()
     state = FakeState(token_latency_s=args.token_latency, request_latency_s=args.request_latency,
                       eos_token_id=args.eos)
-    state.completions = _Discard()  # a long benchmark must not keep every request body
-    state.chats = _Discard()
-    state.request_log = _Discard()
+    state.keep_no_requests()  # a long benchmark must not keep every request body
     uvicorn.run(build_app(state), host="127.0.0.1", port=args.port, log_level="error",
                 lifespan="off", access_log=False)
 

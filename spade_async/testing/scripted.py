@@ -161,14 +161,14 @@ def serve(port: int, tokenizer: str, token_latency_s: float = 0.0, mixed: bool =
     crash tests, `spade bench pipeline`)."""
     import uvicorn
 
-    from spade_async.testing.fake_openai import FakeState, _Discard, build_app
+    from spade_async.testing.fake_openai import FakeState, build_app
 
     chat = ChatTokens.from_pretrained(tokenizer)
     script = MixedScript(chat) if mixed else Script(chat, per_document=True)
     state = FakeState(script=script, decode=chat.decode, eos_token_id=chat.tok.eos_token_id,
                       token_latency_s=token_latency_s, request_latency_s=request_latency_s)
     if mixed:  # a long benchmark must not keep every request body
-        state.completions, state.chats, state.request_log = _Discard(), _Discard(), _Discard()
+        state.keep_no_requests()
     uvicorn.run(build_app(state), host="127.0.0.1", port=port, log_level="error",
                 lifespan="off", access_log=False)
 
