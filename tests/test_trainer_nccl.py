@@ -12,10 +12,10 @@ from structlog.testing import capture_logs
 from spade_async.config import EndpointConfig, PoolConfig, SpadeConfig, VllmNcclSwap
 from spade_async.endpoints.launch import free_port as _free_port
 from spade_async.endpoints.pool import EndpointPool
-from spade_async.endpoints.swap import NcclSwapper, SwapError, WedgedServer, make_swapper
 from spade_async.testing.fake_openai import FakeOpenAIServer, FakeState
 from trainer.config import TrainerConfig
 from trainer.publish import Publisher, PublishError, read_current
+from trainer.swap import NcclSwapper, SwapError, WedgedServer, make_swapper
 
 POOL = PoolConfig(max_attempts=1, backoff_initial_s=0.01, wait_for_endpoint_s=2)
 TENSORS = [("model.embed_tokens.weight", "bfloat16", (256, 64)),

@@ -25,10 +25,10 @@ from transformers import AutoTokenizer
 
 from spade_async.config import EndpointConfig, PoolConfig, VllmReloadSwap
 from spade_async.endpoints.pool import EndpointPool
-from spade_async.endpoints.swap import ReloadSwapper
 from spade_async.spool import FileSpool, Sample
 from trainer.data import collate, select_samples
 from trainer.model import PolicyModel, load_policy
+from trainer.swap import ReloadSwapper
 from trainer.testing import write_config, write_trainer_config
 
 pytestmark = pytest.mark.slow

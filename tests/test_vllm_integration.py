@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from spade_async.cli import app
 from spade_async.config import EndpointConfig, PoolConfig, VllmLoraSwap, VllmReloadSwap
 from spade_async.endpoints.pool import EndpointPool, EndpointRequestError
-from spade_async.endpoints.swap import LoraSwapper, ReloadSwapper, SwapError
+from trainer.swap import LoraSwapper, ReloadSwapper, SwapError
 
 pytestmark = pytest.mark.slow
 

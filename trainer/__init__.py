@@ -5,9 +5,11 @@ servers (DESIGN §8).
 
 Modules: config (TrainerConfig), data (batch -> micro-batches), model (plain torch/peft model
 code and weight export), loss (the loss and its metrics), parallel (process group, DDP/FSDP2),
-checkpoint (DCP + trainer state, atomic), publish (endpoints + current.json), nccl_transfer
-(GPU data plane for vllm-nccl), loop (the training loop), launcher (the entry point).
+checkpoint (DCP + trainer state, atomic), publish (endpoints + current.json), swap (one
+weight-swap backend per server: vllm-lora, vllm-reload, vllm-nccl, none), nccl_transfer (GPU
+data plane for vllm-nccl), loop (the training loop), launcher (the entry point).
 
-It imports only the batch schema (`spade_async.spool`), the weight-publishing contract
-(`spade_async.endpoints.swap` / `.pool`), the config and logging; never the daemon's internals.
+Of spade_async it imports only the shared core (`spade_async.core`), the batch schema
+(`spade_async.spool`), the endpoint pool its swaps post through, the config and logging; never
+the daemon's internals (tests/test_layout.py).
 """

@@ -29,15 +29,15 @@ from spade_async.config import EndpointConfig, SpadeConfig
 from spade_async.core.io import atomic_write_json
 from spade_async.core.policy import CURRENT
 from spade_async.endpoints.pool import EndpointError, EndpointPool
-from spade_async.endpoints.swap import (
+from spade_async.logs import get_logger
+from trainer.config import TrainerConfig
+from trainer.swap import (
     LoraSwapper,
     NcclSwapper,
     NoSwapper,
     WeightSwapper,
     make_swapper,
 )
-from spade_async.logs import get_logger
-from trainer.config import TrainerConfig
 
 log = get_logger("trainer.publish")
 

@@ -39,7 +39,7 @@ from spade_async.endpoints.cpu_profile import (
     vllm_device,
 )
 from spade_async.endpoints.pool import EndpointPool
-from spade_async.endpoints.swap import LoraSwapper, ReloadSwapper
+from trainer.swap import LoraSwapper, ReloadSwapper
 
 PROMPT = [{"role": "user", "content": "Write a short story about a lighthouse keeper."}]
 
