@@ -29,6 +29,18 @@ from spade_async.sandbox.runtime import SandboxError, WorkerStartError
 log = get_logger("failures")
 T = TypeVar("T")
 
+# Where a work item can fail: the first part of every `stage.kind` counter and given-up record.
+STAGES = frozenset({
+    "document", "design", "edit", "edit_parent", "examples", "validation", "episode", "play",
+    "play_stats", "replay", "seed", "eval", "load", "batch", "spool", "memory",
+})
+
+
+def _stage(stage: str) -> str:
+    if stage not in STAGES:
+        raise ValueError(f"unknown failure stage {stage!r}; add it to failures.STAGES")
+    return stage
+
 
 def failure_kind(exc: BaseException) -> str | None:
     """The counter label of an expected failure; None for anything else (a bug)."""
@@ -73,7 +85,7 @@ class Failures:
 
     def count(self, stage: str, kind: str, exc: BaseException | None = None,
               **context: Any) -> None:
-        self.counts[f"{stage}.{kind}"] += 1
+        self.counts[f"{_stage(stage)}.{kind}"] += 1
         if self.metrics is not None:
             self.metrics.failures.labels(stage, kind).inc()
         log.warning(f"{stage}_failed", kind=kind, **context,
@@ -81,7 +93,7 @@ class Failures:
 
     async def give_up(self, stage: str, reason: str, **context: Any) -> None:
         """Record that an item is abandoned, and why (one line of given_up.jsonl)."""
-        self.given_up[stage] += 1
+        self.given_up[_stage(stage)] += 1
         if self.metrics is not None:
             self.metrics.given_up.labels(stage).inc()
         log.error(f"{stage}_given_up", reason=reason, **context)
