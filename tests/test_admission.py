@@ -1,4 +1,4 @@
-"""Admission by capacity (spade_async.admission): the daemon keeps each endpoint at its
+"""Admission by capacity (spade_async.loop.admission): the daemon keeps each endpoint at its
 max_concurrency instead of at hand-set constants, without starving either role, and the
 trainer's back-pressure still holds it."""
 
@@ -8,8 +8,7 @@ import json
 
 import anyio
 
-from spade_async.admission import Admission
-from spade_async.config import (
+from spade_async.core.config import (
     DaemonConfig,
     EndpointConfig,
     PathsConfig,
@@ -18,11 +17,13 @@ from spade_async.config import (
     SandboxConfig,
     SpadeConfig,
 )
-from spade_async.corpus import CorpusConfig, CorpusSampler, JsonlSourceConfig
-from spade_async.daemon import Daemon
-from spade_async.endpoints.pool import EndpointPool
+from spade_async.core.corpus_config import CorpusConfig, JsonlSourceConfig
+from spade_async.core.spool import FileSpool
+from spade_async.corpus import CorpusSampler
+from spade_async.inference.pool import EndpointPool
+from spade_async.loop.admission import Admission
+from spade_async.loop.daemon import Daemon
 from spade_async.sandbox.runtime import Sandbox
-from spade_async.spool import FileSpool
 from spade_async.testing.fake_openai import FakeOpenAIServer
 from spade_async.testing.memory import DictMemory
 from spade_async.testing.scripted import Script

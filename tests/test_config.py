@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from spade_async.config import ConfigError, VllmReloadSwap, load_config
+from spade_async.core.config import ConfigError, VllmReloadSwap, load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 

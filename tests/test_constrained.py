@@ -7,8 +7,13 @@ import numpy as np
 import pytest
 import torch
 
-from spade_async.constrained import ConstraintError, TokenBytes, choice_allowed_sets, chosen
-from spade_async.spool import FileSpool, Sample, SampleError
+from spade_async.core.spool import FileSpool, Sample, SampleError
+from spade_async.inference.constrained import (
+    ConstraintError,
+    TokenBytes,
+    choice_allowed_sets,
+    chosen,
+)
 from trainer.data import collate, select_samples
 from trainer.model import constrained_lse
 

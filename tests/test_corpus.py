@@ -15,16 +15,15 @@ import pytest
 from pydantic import ValidationError
 
 from spade_async import corpus
+from spade_async.core.corpus_config import CorpusConfig, HFSourceConfig
 from spade_async.corpus import (
     Chunk,
-    CorpusConfig,
     CorpusError,
     CorpusSampler,
     CorpusSource,
     CorpusStateError,
     Document,
     HFDatasetSource,
-    HFSourceConfig,
     JsonlSource,
     ParquetSource,
     StdlibDocs,

@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from spade_async.config import ConfigError, load_config
-from spade_async.endpoints.cpu_profile import (
+from spade_async.core.config import ConfigError, load_config
+from spade_async.core.trainer_config import TrainerConfig
+from spade_async.inference.cpu_profile import (
     LACKS_BF16,
     CpuInfo,
     choose_dtype,
@@ -24,7 +25,6 @@ from spade_async.endpoints.cpu_profile import (
     read_cpu,
     vllm_device,
 )
-from trainer.config import TrainerConfig
 from trainer.model import resolve_precision, save_full_weights
 
 REPO = Path(__file__).resolve().parents[1]

@@ -9,7 +9,7 @@ import json
 import anyio
 import pytest
 
-from spade_async.config import (
+from spade_async.core.config import (
     DaemonConfig,
     EndpointConfig,
     PathsConfig,
@@ -18,11 +18,12 @@ from spade_async.config import (
     SandboxConfig,
     SpadeConfig,
 )
-from spade_async.corpus import CorpusConfig, CorpusSampler, JsonlSourceConfig
-from spade_async.daemon import Daemon
-from spade_async.endpoints.pool import EndpointPool
+from spade_async.core.corpus_config import CorpusConfig, JsonlSourceConfig
+from spade_async.core.spool import FileSpool
+from spade_async.corpus import CorpusSampler
+from spade_async.inference.pool import EndpointPool
+from spade_async.loop.daemon import Daemon
 from spade_async.sandbox.runtime import Sandbox
-from spade_async.spool import FileSpool
 from spade_async.testing.memory import DictMemory
 from spade_async.testing.scripted import ENV_CODE, Script
 

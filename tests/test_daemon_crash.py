@@ -18,9 +18,9 @@ import pytest
 
 from memory_db.config import MemoryConfig
 from memory_db.store import open_memory
-from spade_async.endpoints.launch import free_port as _free_port
-from spade_async.endpoints.launch import wait_healthy
-from spade_async.spool import FileSpool
+from spade_async.core.spool import FileSpool
+from spade_async.inference.launch import free_port as _free_port
+from spade_async.inference.launch import wait_healthy
 
 REPO = Path(__file__).resolve().parents[1]
 SPADE = [sys.executable, "-m", "spade_async.cli"]

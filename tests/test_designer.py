@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from spade_async.config import EndpointConfig, PoolConfig
-from spade_async.designer import design, designer_messages, extract_code
-from spade_async.endpoints.pool import EndpointPool
+from spade_async.core.config import EndpointConfig, PoolConfig
+from spade_async.design.designer import design, designer_messages, extract_code
+from spade_async.inference.pool import EndpointPool
 from spade_async.testing.scripted import ENV_CODE
 
 

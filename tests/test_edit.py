@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from spade_async.config import (
+from spade_async.core.config import (
     DaemonConfig,
     EndpointConfig,
     PathsConfig,
@@ -20,14 +20,15 @@ from spade_async.config import (
     SandboxConfig,
     SpadeConfig,
 )
-from spade_async.constrained import TokenBytes
-from spade_async.corpus import CorpusConfig, CorpusSampler, JsonlSourceConfig
-from spade_async.daemon import Daemon
-from spade_async.edit import candidate_params, edit_messages, propose_edit, render_params
-from spade_async.endpoints.pool import EndpointPool
+from spade_async.core.corpus_config import CorpusConfig, JsonlSourceConfig
+from spade_async.core.spool import FileSpool
+from spade_async.corpus import CorpusSampler
+from spade_async.design.edit import candidate_params, edit_messages, propose_edit, render_params
 from spade_async.envs.contract import check_params_schema, resolve_params
+from spade_async.inference.constrained import TokenBytes
+from spade_async.inference.pool import EndpointPool
+from spade_async.loop.daemon import Daemon
 from spade_async.sandbox.runtime import Sandbox
-from spade_async.spool import FileSpool
 from spade_async.testing.memory import DictMemory
 
 # Solved unhinted exactly when n % 12 >= level (the scripted agent below): p = (12 - level) / 12.

@@ -12,7 +12,7 @@ import anyio
 import pytest
 import torch
 
-from spade_async.config import (
+from spade_async.core.config import (
     DaemonConfig,
     EndpointConfig,
     ModelConfig,
@@ -23,16 +23,17 @@ from spade_async.config import (
     SandboxConfig,
     SpadeConfig,
 )
-from spade_async.constrained import TokenBytes
-from spade_async.corpus import CorpusConfig, CorpusSampler, JsonlSourceConfig
-from spade_async.daemon import Daemon
-from spade_async.edit import candidate_params, propose_edit
-from spade_async.endpoints.pool import EndpointPool
+from spade_async.core.corpus_config import CorpusConfig, JsonlSourceConfig
+from spade_async.core.spool import FileSpool, Sample
+from spade_async.corpus import CorpusSampler
+from spade_async.design.edit import candidate_params, propose_edit
 from spade_async.envs.contract import check_params_schema, resolve_params
 from spade_async.envs.validate import validate
-from spade_async.memory_port import open_memory
+from spade_async.inference.constrained import TokenBytes
+from spade_async.inference.pool import EndpointPool
+from spade_async.loop.daemon import Daemon
+from spade_async.memory.port import open_memory
 from spade_async.sandbox.runtime import Sandbox
-from spade_async.spool import FileSpool, Sample
 from tests.test_edit import LEVEL_ENV
 from trainer.data import collate, select_samples
 from trainer.model import load_policy
@@ -69,7 +70,7 @@ def _config(tmp_path, base_url: str) -> SpadeConfig:
 
 
 def test_edit_move_end_to_end_on_vllm(vllm_server, checkpoint, tmp_path):
-    from spade_async.chat_tokens import ChatTokens
+    from spade_async.inference.chat_tokens import ChatTokens
 
     chat = ChatTokens.from_pretrained(checkpoint)
     cfg = _config(tmp_path, vllm_server.base_url)
@@ -116,7 +117,7 @@ def test_edit_move_end_to_end_on_vllm(vllm_server, checkpoint, tmp_path):
 
 def test_trainer_scores_edit_samples_under_the_constraint(vllm_server, checkpoint, tmp_path,
                                                           record_property):
-    from spade_async.chat_tokens import ChatTokens
+    from spade_async.inference.chat_tokens import ChatTokens
 
     chat = ChatTokens.from_pretrained(checkpoint)
     vocab = TokenBytes(chat.tok, chat.eos_ids)

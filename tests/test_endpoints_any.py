@@ -16,16 +16,16 @@ from pathlib import Path
 
 import pytest
 
-from spade_async.config import ConfigError, load_config
-from spade_async.endpoints.pool import (
+from spade_async.core.config import ConfigError, load_config
+from spade_async.evals.base import EvalFailed
+from spade_async.evals.run import evaluate_version
+from spade_async.inference.pool import (
     EndpointCapabilityError,
     EndpointPool,
     EndpointServerError,
     retry_after_s,
 )
-from spade_async.endpoints.roles import RoleCapabilityError, check_roles
-from spade_async.evals.base import EvalFailed
-from spade_async.evals.run import evaluate_version
+from spade_async.inference.roles import RoleCapabilityError, check_roles
 from spade_async.testing.fake_openai import FakeOpenAIServer, FakeState
 from spade_async.testing.scripted import ENV_CODE
 
@@ -107,7 +107,7 @@ def _spade(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
 
 
 async def test_capabilities_of_a_vllm_like_and_a_chat_only_server(fake, hosted):
-    from spade_async.config import EndpointConfig
+    from spade_async.core.config import EndpointConfig
 
     server, _ = fake
     eps = [EndpointConfig(name="local", base_url=server.base_url),
@@ -132,7 +132,7 @@ async def test_capabilities_of_a_vllm_like_and_a_chat_only_server(fake, hosted):
 
 
 async def test_a_chat_only_route_missing_is_a_capability_error_not_a_retry_loop(hosted):
-    from spade_async.config import EndpointConfig, PoolConfig
+    from spade_async.core.config import EndpointConfig, PoolConfig
 
     os.environ["SPADE_TEST_HOSTED_KEY"] = SECRET
     try:
@@ -157,7 +157,7 @@ async def test_a_chat_only_route_missing_is_a_capability_error_not_a_retry_loop(
 
 
 async def test_429_retry_after_is_honoured_seconds_and_http_date():
-    from spade_async.config import EndpointConfig, PoolConfig
+    from spade_async.core.config import EndpointConfig, PoolConfig
 
     state = FakeState(rate_limit_next=1, retry_after="1")
     with FakeOpenAIServer(state) as server:
@@ -259,7 +259,7 @@ def test_frozen_designer_on_a_chat_only_server_while_the_agent_plays_on_tokens(
                                            "trained": False}
     # Not trained on: no designer sample reached the spool.
     assert status["counters"]["designer_samples_frozen"] == 2
-    from spade_async.spool import FileSpool
+    from spade_async.core.spool import FileSpool
 
     with FileSpool(tmp_path / "data" / "spool", writer=False) as spool:
         seq = 0
@@ -279,7 +279,7 @@ def test_frozen_designer_on_a_chat_only_server_while_the_agent_plays_on_tokens(
 
 async def test_eval_through_a_chat_only_server_and_no_score_from_a_dead_one(tmp_path, hosted,
                                                                              checkpoint):
-    from spade_async.chat_tokens import ChatTokens
+    from spade_async.inference.chat_tokens import ChatTokens
 
     cfg_path = _toml(tmp_path, None, hosted.base_url, checkpoint=checkpoint,
                      roles='[roles.agent]\ngroup = "hosted"\n[roles.designer]\ngroup = "hosted"\n'
@@ -355,8 +355,8 @@ async def test_chat_path_episode_with_native_tool_calls(hosted):
     """A multi-turn episode on the chat path: the environment's tools go as the request's
     `tools`, the server's tool call is the action, its result comes back as a `tool`
     message, and the final text answer scores (what BFCL multi-turn does on such servers)."""
-    from spade_async.config import EndpointConfig, RolloutConfig, SandboxConfig
-    from spade_async.episode import run_episode_chat
+    from spade_async.core.config import EndpointConfig, RolloutConfig, SandboxConfig
+    from spade_async.rollout.episode import run_episode_chat
     from spade_async.sandbox.runtime import Sandbox
 
     def script(messages: list[dict]) -> str | dict:
@@ -395,7 +395,7 @@ async def test_chat_path_episode_with_native_tool_calls(hosted):
 async def test_capabilities_are_probed_again_when_an_endpoint_comes_back():
     """A server restarted behind the same URL may be another one: after an outage the pool
     probes again, and routing follows what it can do now."""
-    from spade_async.config import EndpointConfig, PoolConfig
+    from spade_async.core.config import EndpointConfig, PoolConfig
 
     server = FakeOpenAIServer().start()
     try:

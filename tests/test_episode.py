@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from spade_async.chat_tokens import ChatTokens
-from spade_async.config import EndpointConfig, PoolConfig, RolloutConfig, SandboxConfig
-from spade_async.endpoints.pool import EndpointPool
-from spade_async.episode import agent_system_prompt, run_episode, to_action
+from spade_async.core.config import EndpointConfig, PoolConfig, RolloutConfig, SandboxConfig
+from spade_async.inference.chat_tokens import ChatTokens
+from spade_async.inference.pool import EndpointPool
+from spade_async.rollout.episode import agent_system_prompt, run_episode, to_action
 from spade_async.sandbox.runtime import Sandbox
 from spade_async.testing.fake_openai import FakeOpenAIServer
 

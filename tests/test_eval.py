@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from spade_async.cli import app
-from spade_async.config import load_config
+from spade_async.core.config import load_config
 from spade_async.corpus import chunk_document, make_source
 from spade_async.evals.base import load_results, model_for_version
 from spade_async.evals.reasoning_gym_suite import GENERATORS, ReasoningGymSuite
@@ -143,7 +143,7 @@ def test_eval_loads_a_published_adapter_the_server_no_longer_holds(tmp_path):
     import anyio
 
     from spade_async.cli import _serve_published_adapter
-    from spade_async.endpoints.pool import EndpointError, EndpointPool
+    from spade_async.inference.pool import EndpointError, EndpointPool
     from spade_async.testing.fake_openai import FakeOpenAIServer
 
     server = FakeOpenAIServer()

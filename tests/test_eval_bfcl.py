@@ -11,9 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from spade_async.chat_tokens import ChatTokens
-from spade_async.config import EndpointConfig, PoolConfig
-from spade_async.endpoints.pool import EndpointPool
+from spade_async.core.config import EndpointConfig, PoolConfig
 from spade_async.envs.contract import tool_call_action
 from spade_async.evals.base import EvalPolicy, run_suite
 from spade_async.evals.bfcl import (
@@ -25,6 +23,8 @@ from spade_async.evals.bfcl import (
     BfclWorker,
     worker_batch,
 )
+from spade_async.inference.chat_tokens import ChatTokens
+from spade_async.inference.pool import EndpointPool
 from spade_async.sandbox.runtime import EnvException, SandboxError
 
 STAMP = REPO / ".venv-bfcl" / ".spade-ready"

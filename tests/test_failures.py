@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from spade_async.failures import STAGES, Failures
+from spade_async.loop.failures import STAGES, Failures
 
 SRC = Path(__file__).resolve().parents[1] / "spade_async"
 

@@ -19,7 +19,7 @@ import anyio
 import httpx
 import pytest
 
-from spade_async.endpoints.launch import free_port as _free_port
+from spade_async.inference.launch import free_port as _free_port
 from spade_async.testing.fake_openai import FakeOpenAIServer
 from spade_async.testing.faults import ALL_PATHS, Fault, FaultProxy
 

@@ -24,8 +24,8 @@ import pytest
 
 from memory_db.config import MemoryConfig
 from memory_db.store import open_memory
-from spade_async.endpoints.launch import free_port as _free_port
-from spade_async.endpoints.launch import start_inference
+from spade_async.inference.launch import free_port as _free_port
+from spade_async.inference.launch import start_inference
 from spade_async.testing.faults import FaultProxy
 
 pytestmark = pytest.mark.slow

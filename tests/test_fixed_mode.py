@@ -14,13 +14,13 @@ from pathlib import Path
 
 import anyio
 
-from spade_async.config import load_config
+from spade_async.core.config import load_config
+from spade_async.core.spool import FileSpool
 from spade_async.corpus import CorpusSampler
-from spade_async.daemon import Daemon
-from spade_async.endpoints.pool import EndpointPool
-from spade_async.regret import DesignStatus
+from spade_async.inference.pool import EndpointPool
+from spade_async.loop.daemon import Daemon
+from spade_async.reward.regret import DesignStatus
 from spade_async.sandbox.runtime import Sandbox
-from spade_async.spool import FileSpool
 from spade_async.testing.memory import DictMemory
 from spade_async.testing.scripted import ENV_CODE, Script
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from spade_async.config import SandboxConfig
+from spade_async.core.config import SandboxConfig
 from spade_async.envs.hint_leak import answer_prefixes, leak_policies, normalise, play_leak
 from spade_async.envs.validate import validate
 from spade_async.sandbox.runtime import Sandbox

@@ -20,11 +20,11 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from spade_async.chat_tokens import ChatTokens
-from spade_async.config import ConfigError, load_config, logprobs_mode
-from spade_async.constrained import TokenBytes, choice_allowed_sets
-from spade_async.endpoints.launch import LaunchError, start_inference
-from spade_async.endpoints.launch import free_port as _free_port
+from spade_async.core.config import ConfigError, load_config, logprobs_mode
+from spade_async.inference.chat_tokens import ChatTokens
+from spade_async.inference.constrained import TokenBytes, choice_allowed_sets
+from spade_async.inference.launch import LaunchError, start_inference
+from spade_async.inference.launch import free_port as _free_port
 from trainer.model import load_policy
 
 REPO = Path(__file__).resolve().parents[1]

@@ -1,7 +1,7 @@
 """`spade memory ...` end to end: the 18 seed environments added through the real sandbox and
 the real MiniLM embedder, then search / list / show / stats / export, with and without --json;
 and `spade bench memory` on a small synthetic set. The commands are mounted on a throwaway typer
-app exactly as spade_async/cli.py mounts them."""
+app exactly as spade_async/cli/ mounts them."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from spade_async.cli_memory import bench_memory, memory_app
+from spade_async.cli.memory import bench_memory, memory_app
 
 SEEDS = sorted(p for p in (Path(__file__).resolve().parents[1] / "spade_async" / "envs" /
                            "seeds").glob("*.py") if p.name != "__init__.py")

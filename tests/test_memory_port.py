@@ -9,10 +9,10 @@ from pathlib import Path
 import anyio
 
 from memory_db.config import MemoryConfig
-from spade_async.config import PathsConfig, SandboxConfig, SpadeConfig
+from spade_async.core.config import PathsConfig, SandboxConfig, SpadeConfig
 from spade_async.envs.validate import validate
-from spade_async.memory_port import open_memory
-from spade_async.regret import DesignStatus, EnvRegret
+from spade_async.memory.port import open_memory
+from spade_async.reward.regret import DesignStatus, EnvRegret
 from spade_async.sandbox.runtime import Sandbox
 from spade_async.testing.scripted import ENV_CODE
 

@@ -21,9 +21,9 @@ from memory_db import SCHEMA_VERSION, MemoryConfig, NewEnv, SchemaError, open_me
 from memory_db.embed import HashEmbedder, env_text
 from memory_db.records import EnvStats, VariantStats
 from memory_db.schema import envs_schema, meta_rows, read_meta, variant_id
-from spade_async.cli_memory import memory_app
-from spade_async.daemon import StoredEnv
-from spade_async.memory_port import LanceMemoryPort
+from spade_async.cli.memory import memory_app
+from spade_async.loop.daemon import StoredEnv
+from spade_async.memory.port import LanceMemoryPort
 
 FAST = {"writer": {"flush_interval_s": 0.005}}
 HARD = {"size": 9, "walls": True}

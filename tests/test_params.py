@@ -12,8 +12,7 @@ from gymnasium.utils.env_checker import check_env
 from typer.testing import CliRunner
 
 from spade_async.cli import app
-from spade_async.config import EndpointConfig, PoolConfig, RolloutConfig, SandboxConfig
-from spade_async.endpoints.pool import EndpointPool
+from spade_async.core.config import EndpointConfig, PoolConfig, RolloutConfig, SandboxConfig
 from spade_async.envs.contract import (
     ContractError,
     ParamSpec,
@@ -24,7 +23,8 @@ from spade_async.envs.contract import (
 )
 from spade_async.envs.gym_adapter import register
 from spade_async.envs.validate import ALL_CHECKS, validate
-from spade_async.episode import run_episode
+from spade_async.inference.pool import EndpointPool
+from spade_async.rollout.episode import run_episode
 from spade_async.sandbox.runtime import Sandbox, SandboxError
 from spade_async.testing.fake_openai import FakeOpenAIServer
 
@@ -395,7 +395,7 @@ def test_gym_options_are_the_knobs():
 
 
 async def test_episode_runner_plays_at_the_given_params(checkpoint):
-    from spade_async.chat_tokens import ChatTokens
+    from spade_async.inference.chat_tokens import ChatTokens
 
     chat = ChatTokens.from_pretrained(checkpoint)
     server = FakeOpenAIServer()
@@ -454,9 +454,9 @@ async def test_daemon_plays_a_job_at_its_params_hinted_too(fake, tmp_path):
     one), so the hint belongs to the episode that is played."""
     from test_daemon import _config
 
+    from spade_async.core.spool import FileSpool
     from spade_async.corpus import CorpusSampler
-    from spade_async.daemon import Daemon, PlayJob
-    from spade_async.spool import FileSpool
+    from spade_async.loop.daemon import Daemon, PlayJob
     from spade_async.testing.memory import DictMemory
 
     server, chat = fake

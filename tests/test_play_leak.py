@@ -13,17 +13,17 @@ from typer.testing import CliRunner
 
 from memory_db import SCHEMA_VERSION, MemoryConfig, NewEnv, open_memory
 from memory_db.schema import meta_rows
-from spade_async.chat_tokens import ChatTokens
-from spade_async.config import (
+from spade_async.core.config import (
     EndpointConfig,
     PoolConfig,
     RegretConfig,
     RolloutConfig,
     SandboxConfig,
 )
-from spade_async.endpoints.pool import EndpointPool
-from spade_async.episode import play_in_sandbox
-from spade_async.regret import env_regret
+from spade_async.inference.chat_tokens import ChatTokens
+from spade_async.inference.pool import EndpointPool
+from spade_async.reward.regret import env_regret
+from spade_async.rollout.episode import play_in_sandbox
 from spade_async.sandbox.runtime import Sandbox
 from spade_async.testing.fake_openai import FakeOpenAIServer
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from spade_async.config import EndpointConfig, PoolConfig
-from spade_async.endpoints.pool import (
+from spade_async.core.config import EndpointConfig, PoolConfig
+from spade_async.inference.pool import (
     EndpointPool,
     EndpointRequestError,
     EndpointUnavailable,

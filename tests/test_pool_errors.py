@@ -10,8 +10,8 @@ import anyio
 import httpx
 import pytest
 
-from spade_async.config import EndpointConfig, PoolConfig
-from spade_async.endpoints.pool import (
+from spade_async.core.config import EndpointConfig, PoolConfig
+from spade_async.inference.pool import (
     EndpointConnectionError,
     EndpointDeadlineExceeded,
     EndpointError,

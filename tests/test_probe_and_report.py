@@ -19,9 +19,8 @@ import pytest
 from typer.testing import CliRunner
 
 from memory_db.schema import variant_id
-from spade_async.chat_tokens import ChatTokens
 from spade_async.cli import app
-from spade_async.config import (
+from spade_async.core.config import (
     ConfigError,
     EndpointConfig,
     PoolConfig,
@@ -30,7 +29,6 @@ from spade_async.config import (
     SpadeConfig,
     load_config,
 )
-from spade_async.endpoints.pool import EndpointPool
 from spade_async.envs.contract import easiest_point, resolve_params
 from spade_async.evals import SUITES
 from spade_async.evals.base import EvalPolicy, run_suite, store_result, wilson_interval
@@ -44,6 +42,8 @@ from spade_async.evals.probe import (
     resolve_probe_variants,
     seed_families,
 )
+from spade_async.inference.chat_tokens import ChatTokens
+from spade_async.inference.pool import EndpointPool
 from spade_async.report import PLOTS
 from spade_async.testing.fake_openai import FakeOpenAIServer
 

@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from spade_async.config import RegretConfig
-from spade_async.regret import DesignStatus, design_reward, env_regret, group_advantages
+from spade_async.core.config import RegretConfig
+from spade_async.reward.regret import DesignStatus, design_reward, env_regret, group_advantages
 
 CFG = RegretConfig(feasibility_threshold=0.2, invalid_penalty=-1.0, duplicate_penalty=-0.5)
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from spade_async.config import SandboxConfig
+from spade_async.core.config import SandboxConfig
 from spade_async.envs.validate import validate
 from spade_async.sandbox.runtime import EnvException, Sandbox, SandboxError
 

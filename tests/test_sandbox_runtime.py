@@ -11,7 +11,7 @@ from structlog.testing import capture_logs
 from typer.testing import CliRunner
 
 from spade_async.cli import app
-from spade_async.config import SandboxConfig
+from spade_async.core.config import SandboxConfig
 from spade_async.envs.contract import parse_tool_call, tool_call_action
 from spade_async.sandbox import isolation
 from spade_async.sandbox.runtime import Sandbox

@@ -27,17 +27,17 @@ from spade_async.bench.ladder import (
     wilson,
     with_knobs,
 )
-from spade_async.config import (
+from spade_async.core.config import (
     EndpointConfig,
     PoolConfig,
     RolloutConfig,
     SandboxConfig,
     ValidationConfig,
 )
-from spade_async.endpoints.pool import EndpointPool
 from spade_async.envs import contract
 from spade_async.envs.contract import episode_score
 from spade_async.envs.validate import validate
+from spade_async.inference.pool import EndpointPool
 from spade_async.sandbox.runtime import EnvSession, Sandbox
 from spade_async.testing.scripted import ENV_CODE
 

@@ -17,8 +17,8 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from spade_async.endpoints.launch import free_port as _free_port
-from spade_async.failures import STAGES
+from spade_async.inference.launch import free_port as _free_port
+from spade_async.loop.failures import STAGES
 
 REPO = Path(__file__).resolve().parents[1]
 ALIVE_FOR_S = 180

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from spade_async.endpoints.launch import free_port as _free_port
+from spade_async.inference.launch import free_port as _free_port
 from spade_async.report import PLOTS
 
 REPO = Path(__file__).resolve().parents[1]
@@ -99,7 +99,7 @@ def test_bounded_run_stops_by_itself_and_reports(tmp_path, checkpoint):
     assert res.returncode == 0, res.stderr[-3000:]
     s = json.loads(res.stdout)
     # the seeds at least: the families the embedded default bootstraps (smoke extends it)
-    from spade_async.config import load_config
+    from spade_async.core.config import load_config
 
     seeds = len(load_config(REPO / "configs" / "smoke.toml", environ={}).daemon.bootstrap_families
                 or range(18))

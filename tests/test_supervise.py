@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from spade_async.supervise import explain
+from spade_async.cli.supervise import explain
 
 REPO = Path(__file__).resolve().parents[1]
 HONCHO = str(Path(sys.executable).with_name("honcho"))
@@ -55,7 +55,7 @@ def _stack(tmp_path: Path, procfile: str) -> subprocess.Popen:
     (tmp_path / "Procfile").write_text(procfile)
     (tmp_path / "spade.toml").write_text(f'[paths]\ndata_dir = "{tmp_path / "data"}"\n')
     return subprocess.Popen(
-        [sys.executable, "-m", "spade_async.supervise", "--config", str(tmp_path / "spade.toml"),
+        [sys.executable, "-m", "spade_async.cli.supervise", "--config", str(tmp_path / "spade.toml"),
          "--", HONCHO, "start", "-f", str(tmp_path / "Procfile"), "-d", str(tmp_path)],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         start_new_session=True)

@@ -9,11 +9,11 @@ import time
 import pytest
 from structlog.testing import capture_logs
 
-from spade_async.config import EndpointConfig, PoolConfig, SpadeConfig, VllmNcclSwap
-from spade_async.endpoints.launch import free_port as _free_port
-from spade_async.endpoints.pool import EndpointPool
+from spade_async.core.config import EndpointConfig, PoolConfig, SpadeConfig, VllmNcclSwap
+from spade_async.core.trainer_config import TrainerConfig
+from spade_async.inference.launch import free_port as _free_port
+from spade_async.inference.pool import EndpointPool
 from spade_async.testing.fake_openai import FakeOpenAIServer, FakeState
-from trainer.config import TrainerConfig
 from trainer.publish import Publisher, PublishError, read_current
 from trainer.swap import NcclSwapper, SwapError, WedgedServer, make_swapper
 
@@ -378,7 +378,7 @@ def test_inference_script_starts_nccl_servers_with_weight_transfer(tmp_path, che
     import os
     import subprocess
 
-    from spade_async.endpoints.launch import REPO
+    from spade_async.inference.launch import REPO
 
     stub = tmp_path / "python"
     stub.write_text("#!/bin/sh\necho \"$@\"\n")

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from spade_async.config import EndpointConfig, SpadeConfig, VllmLoraSwap, VllmReloadSwap
-from spade_async.spool import FileSpool
+from spade_async.core.config import EndpointConfig, SpadeConfig, VllmLoraSwap, VllmReloadSwap
+from spade_async.core.spool import FileSpool
+from spade_async.core.trainer_config import TrainerConfig, TrainerConfigError, load_trainer_config
 from trainer.checkpoint import TrainerState
-from trainer.config import TrainerConfig, TrainerConfigError, load_trainer_config
 from trainer.data import collate, micro_batches, select_samples, split_across_ranks
 from trainer.loss import LossConfig, StepMetrics, policy_loss
 from trainer.model import load_policy, merged_state_dict

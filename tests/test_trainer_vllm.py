@@ -23,9 +23,9 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from spade_async.config import EndpointConfig, PoolConfig, VllmReloadSwap
-from spade_async.endpoints.pool import EndpointPool
-from spade_async.spool import FileSpool, Sample
+from spade_async.core.config import EndpointConfig, PoolConfig, VllmReloadSwap
+from spade_async.core.spool import FileSpool, Sample
+from spade_async.inference.pool import EndpointPool
 from trainer.data import collate, select_samples
 from trainer.model import PolicyModel, load_policy
 from trainer.swap import ReloadSwapper

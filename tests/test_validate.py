@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from spade_async.cli import app
-from spade_async.config import SandboxConfig
+from spade_async.core.config import SandboxConfig
 from spade_async.envs.validate import ALL_CHECKS, validate
 from spade_async.sandbox.runtime import Sandbox
 
@@ -181,11 +181,11 @@ async def test_an_environment_that_never_ends_is_accepted_and_truncated(sandbox,
     adapter alike."""
     import anyio
 
-    from spade_async.chat_tokens import ChatTokens
-    from spade_async.config import EndpointConfig, PoolConfig, RolloutConfig
-    from spade_async.endpoints.pool import EndpointPool
+    from spade_async.core.config import EndpointConfig, PoolConfig, RolloutConfig
     from spade_async.envs.gym_adapter import SpadeGymEnv
-    from spade_async.episode import run_episode
+    from spade_async.inference.chat_tokens import ChatTokens
+    from spade_async.inference.pool import EndpointPool
+    from spade_async.rollout.episode import run_episode
     from spade_async.testing.fake_openai import FakeOpenAIServer
 
     assert "self.max_turns" not in NEVER_ENDS.split("def step")[1]

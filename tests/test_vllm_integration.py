@@ -14,8 +14,8 @@ from transformers import AutoTokenizer
 from typer.testing import CliRunner
 
 from spade_async.cli import app
-from spade_async.config import EndpointConfig, PoolConfig, VllmLoraSwap, VllmReloadSwap
-from spade_async.endpoints.pool import EndpointPool, EndpointRequestError
+from spade_async.core.config import EndpointConfig, PoolConfig, VllmLoraSwap, VllmReloadSwap
+from spade_async.inference.pool import EndpointPool, EndpointRequestError
 from trainer.swap import LoraSwapper, ReloadSwapper, SwapError
 
 pytestmark = pytest.mark.slow

@@ -10,6 +10,6 @@ weight-swap backend per server: vllm-lora, vllm-reload, vllm-nccl, none), nccl_t
 data plane for vllm-nccl), loop (the training loop), launcher (the entry point).
 
 Of spade_async it imports only the shared core (`spade_async.core`), the batch schema
-(`spade_async.spool`), the endpoint pool its swaps post through, the config and logging; never
+(`spade_async.core.spool`), the endpoint pool its swaps post through, the config and logging; never
 the daemon's internals (tests/test_layout.py).
 """

@@ -32,7 +32,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from spade_async.core.io import atomic_write_json, fsync_dir
-from spade_async.logs import get_logger
+from spade_async.core.logs import get_logger
 from trainer.parallel import Dist
 
 log = get_logger("trainer.checkpoint")

@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from spade_async.spool import Batch
+from spade_async.core.spool import Batch
 
 
 @dataclass(frozen=True)
@@ -33,7 +33,7 @@ class TrainSample:
     move: str = ""
     # Per trained token (in order), the ids a choice constraint allowed when it was sampled;
     # None for free decoding. The trainer renormalises its log-prob over them (see
-    # spade_async/constrained.py for why).
+    # spade_async/inference/constrained.py for why).
     allowed: list[np.ndarray] | None = None
 
     @property

@@ -27,12 +27,12 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-from spade_async.config import SpadeConfig, checkpoint_dir
+from spade_async.core.config import SpadeConfig, checkpoint_dir
 from spade_async.core.io import fsync_dir
-from spade_async.logs import get_logger
-from spade_async.spool import Batch, FileSpool, SpoolError
+from spade_async.core.logs import get_logger
+from spade_async.core.spool import Batch, FileSpool, SpoolError
+from spade_async.core.trainer_config import TrainerConfig, trainer_root
 from trainer.checkpoint import Checkpointer, TrainerState
-from trainer.config import TrainerConfig, trainer_root
 from trainer.data import (
     Selection,
     TrainSample,

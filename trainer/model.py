@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from spade_async.endpoints.cpu_profile import CpuInfo, choose_dtype, effective_dtype
+from spade_async.inference.cpu_profile import CpuInfo, choose_dtype, effective_dtype
 
 WEIGHT_FILES = ("*.safetensors", "*.bin", "*.pt", "*.index.json")
 

@@ -25,12 +25,12 @@ from typing import Any
 import anyio
 from anyio.from_thread import start_blocking_portal
 
-from spade_async.config import EndpointConfig, SpadeConfig
+from spade_async.core.config import EndpointConfig, SpadeConfig
 from spade_async.core.io import atomic_write_json
+from spade_async.core.logs import get_logger
 from spade_async.core.policy import CURRENT
-from spade_async.endpoints.pool import EndpointError, EndpointPool
-from spade_async.logs import get_logger
-from trainer.config import TrainerConfig
+from spade_async.core.trainer_config import TrainerConfig
+from spade_async.inference.pool import EndpointError, EndpointPool
 from trainer.swap import (
     LoraSwapper,
     NcclSwapper,

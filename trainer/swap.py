@@ -23,14 +23,14 @@ from typing import Any, Protocol
 import anyio
 import httpx
 
-from spade_async.endpoints.pool import (
+from spade_async.core.logs import get_logger
+from spade_async.inference.pool import (
     EndpointConnectionError,
     EndpointError,
     EndpointPool,
     EndpointRequestError,
     EndpointUnavailable,
 )
-from spade_async.logs import get_logger
 
 log = get_logger("swap")
 

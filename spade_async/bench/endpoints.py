@@ -15,7 +15,7 @@ from typing import Any
 
 import anyio
 
-from spade_async.config import SpadeConfig
+from spade_async.core.config import SpadeConfig
 
 EXCERPTS = [
     "A stack is a last-in, first-out collection: push adds an item on top, pop removes the top "
@@ -30,7 +30,7 @@ EXCERPTS = [
 
 async def _designs(pool: Any, chat: Any, *, name: str, path: str, model: str, n: int,
                    cfg: SpadeConfig, concurrency: int) -> dict[str, Any]:
-    from spade_async.designer import design
+    from spade_async.design.designer import design
 
     group = pool.config(name).group
     limiter = anyio.Semaphore(concurrency)
@@ -81,7 +81,7 @@ async def _eval(pool: Any, chat: Any, *, name: str, path: str, model: str, n: in
 
 def run_endpoints_bench(cfg: SpadeConfig, chat: Any, *, designs: int, tasks: int,
                         progress: Callable[[str], None]) -> dict[str, Any]:
-    from spade_async.endpoints.pool import EndpointPool
+    from spade_async.inference.pool import EndpointPool
 
     async def main() -> dict[str, Any]:
         out: dict[str, Any] = {"rows": []}

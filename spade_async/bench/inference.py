@@ -28,8 +28,8 @@ from typing import Any
 import anyio
 import httpx
 
-from spade_async.config import EndpointConfig, PoolConfig, VllmLoraSwap
-from spade_async.endpoints.cpu_profile import (
+from spade_async.core.config import EndpointConfig, PoolConfig, VllmLoraSwap
+from spade_async.inference.cpu_profile import (
     CpuInfo,
     DtypeChoice,
     choose_dtype,
@@ -38,7 +38,7 @@ from spade_async.endpoints.cpu_profile import (
     read_cpu,
     vllm_device,
 )
-from spade_async.endpoints.pool import EndpointPool
+from spade_async.inference.pool import EndpointPool
 from trainer.swap import LoraSwapper, ReloadSwapper
 
 PROMPT = [{"role": "user", "content": "Write a short story about a lighthouse keeper."}]
@@ -192,7 +192,7 @@ def run_inference_bench(model_dir: Path, *, base_url: str | None, dtype: str = "
                         streams: int = 16, max_tokens: int = 128, swaps: int = 3,
                         progress: Callable[[str], None] = lambda _m: None) -> dict[str, Any]:
     """`dtype`: the model.dtype setting the servers run with (and the HF anchor follows)."""
-    from spade_async.endpoints.launch import serving, vllm_python
+    from spade_async.inference.launch import serving, vllm_python
     from trainer.model import checkpoint_dtype
 
     cpu = read_cpu()

@@ -22,9 +22,9 @@ from typing import Any
 
 import anyio
 
-from spade_async.chat_tokens import ChatTokens
-from spade_async.endpoints.pool import EndpointError, EndpointPool
-from spade_async.episode import Episode, play_in_sandbox
+from spade_async.inference.chat_tokens import ChatTokens
+from spade_async.inference.pool import EndpointError, EndpointPool
+from spade_async.rollout.episode import Episode, play_in_sandbox
 from spade_async.sandbox.runtime import Sandbox, SandboxError
 
 SEEDS_DIR = Path(__file__).resolve().parents[1] / "envs" / "seeds"

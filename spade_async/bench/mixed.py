@@ -26,8 +26,7 @@ from typing import Any
 import anyio
 import httpx
 
-from spade_async.chat_tokens import ChatTokens
-from spade_async.config import (
+from spade_async.core.config import (
     DaemonConfig,
     EndpointConfig,
     PathsConfig,
@@ -36,8 +35,10 @@ from spade_async.config import (
     SandboxConfig,
     SpadeConfig,
 )
-from spade_async.corpus import CorpusConfig, CorpusSampler, JsonlSourceConfig
-from spade_async.endpoints.pool import EndpointPool
+from spade_async.core.corpus_config import CorpusConfig, JsonlSourceConfig
+from spade_async.corpus import CorpusSampler
+from spade_async.inference.chat_tokens import ChatTokens
+from spade_async.inference.pool import EndpointPool
 
 
 def _inside(finished: list[tuple[float, int]], t0: float, t1: float, per_request: float,
@@ -65,10 +66,10 @@ def _corpus(path: Path, n: int) -> None:
 async def _daemon_window(cfg: SpadeConfig, chat: ChatTokens, warmup_s: float, window_s: float,
                          latency: tuple[float, float],
                          progress: Callable[[str], None]) -> dict[str, Any]:
-    from spade_async.daemon import Daemon
-    from spade_async.memory_port import open_memory
+    from spade_async.core.spool import FileSpool
+    from spade_async.loop.daemon import Daemon
+    from spade_async.memory.port import open_memory
     from spade_async.sandbox.runtime import Sandbox
-    from spade_async.spool import FileSpool
 
     data = cfg.paths.data_dir
     finished: list[tuple[float, int, str, dict[str, Any], str]] = []
@@ -166,7 +167,7 @@ def run_mixed_bench(checkpoint: Path, *, capacities: tuple[int, ...] = (8, 4),
                     daemon: dict[str, Any] | None = None) -> dict[str, Any]:
     """`daemon`: DaemonConfig overrides (e.g. the fixed caps documents_in_flight = 2 and
     envs_in_flight = 4 that sized the work in flight before admission by capacity)."""
-    from spade_async.endpoints.launch import free_port, wait_healthy
+    from spade_async.inference.launch import free_port, wait_healthy
 
     chat = ChatTokens.from_pretrained(checkpoint)
     fakes, endpoints = [], []

@@ -18,10 +18,10 @@ from typing import Any
 import anyio
 import httpx
 
-from spade_async.chat_tokens import ChatTokens
-from spade_async.config import EndpointConfig, PoolConfig, RolloutConfig, SandboxConfig
-from spade_async.endpoints.pool import EndpointPool
-from spade_async.episode import run_episode
+from spade_async.core.config import EndpointConfig, PoolConfig, RolloutConfig, SandboxConfig
+from spade_async.inference.chat_tokens import ChatTokens
+from spade_async.inference.pool import EndpointPool
+from spade_async.rollout.episode import run_episode
 from spade_async.sandbox.runtime import Sandbox
 
 BENCH_ENV = '''
@@ -175,7 +175,7 @@ def run_pipeline_bench(checkpoint: Path, *, concurrency: int = 8, episodes: int 
     import subprocess
     import sys
 
-    from spade_async.endpoints.launch import free_port, wait_healthy
+    from spade_async.inference.launch import free_port, wait_healthy
 
     chat = ChatTokens.from_pretrained(checkpoint)
     report: dict[str, Any] = {"concurrency": concurrency, "tokens_per_turn": tokens}
@@ -194,7 +194,7 @@ def run_pipeline_bench(checkpoint: Path, *, concurrency: int = 8, episodes: int 
         fake.terminate()
         fake.wait(10)
     if real:
-        from spade_async.endpoints.launch import serving
+        from spade_async.inference.launch import serving
 
         with serving(checkpoint, progress=progress) as (url, _):
             # A fresh CPU server builds kernels for each new batch shape on first sight;

@@ -19,7 +19,7 @@ from typing import Any
 
 import anyio
 
-from spade_async.config import SandboxConfig
+from spade_async.core.config import SandboxConfig
 from spade_async.sandbox.runtime import Sandbox, Worker, reap_sandbox_orphans
 
 SEEDS = Path(__file__).resolve().parents[1] / "envs" / "seeds"

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from spade_async.config import (
+from spade_async.core.config import (
     EndpointConfig,
     PathsConfig,
     SpadeConfig,
@@ -40,7 +40,7 @@ from spade_async.config import (
 
 
 def _samples(model_dir: Path, n: int, length: tuple[int, int], seed: int) -> list[Any]:
-    from spade_async.spool import FileSpool
+    from spade_async.core.spool import FileSpool
     from trainer.data import select_samples
     from trainer.testing import synthetic_sample
 
@@ -207,7 +207,7 @@ def run_trainer_bench(cfg: SpadeConfig, model_dir: Path, *, base_url: str | None
         del plain
         if not publish:
             return report
-        from spade_async.endpoints.launch import serving
+        from spade_async.inference.launch import serving
 
         with serving(model_dir, base_url, progress=progress) as (url, _), \
                 tempfile.TemporaryDirectory(prefix="spade-bench-publish-") as tmp:

@@ -21,7 +21,7 @@ import gymnasium as gym
 from anyio.from_thread import BlockingPortal
 from gymnasium import spaces
 
-from spade_async.config import SandboxConfig
+from spade_async.core.config import SandboxConfig
 from spade_async.sandbox.runtime import EnvSession, Sandbox
 
 # Text spaces need an explicit alphabet: printable ASCII plus the Latin-1 and general

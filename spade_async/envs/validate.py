@@ -22,7 +22,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from spade_async.config import SandboxConfig, ValidationConfig
+from spade_async.core.config import SandboxConfig, ValidationConfig
 from spade_async.envs.contract import (  # noqa: F401 (declared_params: used from here too)
     ALLOWED_IMPORTS,
     COMPUTED,

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from spade_async.config import SpadeConfig
+    from spade_async.core.config import SpadeConfig
     from spade_async.evals.base import Suite
     from spade_async.sandbox.runtime import Sandbox
 

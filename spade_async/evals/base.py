@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 
-from spade_async.chat_tokens import ChatTokens
 from spade_async.core.io import append_jsonl, atomic_write_text, read_jsonl
-from spade_async.endpoints.pool import EndpointError, EndpointPool
-from spade_async.logs import get_logger
+from spade_async.core.logs import get_logger
+from spade_async.inference.chat_tokens import ChatTokens
+from spade_async.inference.pool import EndpointError, EndpointPool
 
 if TYPE_CHECKING:
     pass
@@ -92,7 +92,7 @@ class EvalPolicy:
                    params: dict[str, Any] | None = None,
                    request_seed: int | None = None) -> Any:
         """One unhinted episode of `env` (an EnvSession) by this policy, on its path."""
-        from spade_async.episode import run_episode, run_episode_chat
+        from spade_async.rollout.episode import run_episode, run_episode_chat
 
         if self.path == "chat":
             return await run_episode_chat(env, self.pool, env_id=env_id, seed=seed, hint=None,

@@ -36,10 +36,10 @@ import anyio
 from anyio.abc import Process
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-from spade_async.config import RolloutConfig
+from spade_async.core.config import RolloutConfig
 from spade_async.envs.contract import EnvMeta, ResetResult, StepResult, parse_tool_call
-from spade_async.episode import Episode
 from spade_async.evals.base import EvalPolicy, EvalTask, TaskResult
+from spade_async.rollout.episode import Episode
 from spade_async.sandbox.runtime import EnvException, SandboxError
 
 REPO = Path(__file__).resolve().parents[2]

@@ -30,7 +30,7 @@ from spade_async.envs.variants import (  # noqa: F401 (the probe's public names)
 from spade_async.evals.base import EvalPolicy, EvalTask, TaskResult
 
 if TYPE_CHECKING:
-    from spade_async.config import RolloutConfig, SandboxConfig, SpadeConfig
+    from spade_async.core.config import RolloutConfig, SandboxConfig, SpadeConfig
     from spade_async.sandbox.runtime import Sandbox
 
 PROBE_SEED_BASE = 424_242_000  # episode seeds of the probe: base + 0, 1, 2, ...

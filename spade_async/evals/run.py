@@ -7,11 +7,11 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager, nullcontext
 from typing import TYPE_CHECKING, Any
 
-from spade_async.chat_tokens import ChatTokens
-from spade_async.endpoints.pool import EndpointPool
-from spade_async.endpoints.roles import RoleRoute, group_has, role_route
 from spade_async.evals import make_suite
 from spade_async.evals.base import EvalFailed, EvalPolicy, SuiteResult, run_suite, store_result
+from spade_async.inference.chat_tokens import ChatTokens
+from spade_async.inference.pool import EndpointPool
+from spade_async.inference.roles import RoleRoute, group_has, role_route
 
 if TYPE_CHECKING:
     from spade_async.sandbox.runtime import Sandbox

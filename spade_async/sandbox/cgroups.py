@@ -12,7 +12,7 @@ import os
 import signal
 from pathlib import Path
 
-from spade_async.logs import get_logger
+from spade_async.core.logs import get_logger
 
 log = get_logger("sandbox")
 ROOT = Path("/sys/fs/cgroup")

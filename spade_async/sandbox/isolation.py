@@ -22,8 +22,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
 
-from spade_async.config import SandboxConfig
-from spade_async.logs import get_logger
+from spade_async.core.config import SandboxConfig
+from spade_async.core.logs import get_logger
 
 log = get_logger("sandbox")
 MB = 1 << 20

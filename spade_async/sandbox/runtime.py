@@ -24,7 +24,8 @@ from typing import Any
 
 import anyio
 
-from spade_async.config import SandboxConfig
+from spade_async.core.config import SandboxConfig
+from spade_async.core.logs import get_logger
 from spade_async.envs.contract import (
     ALLOWED_IMPORTS,
     ContractError,
@@ -36,7 +37,6 @@ from spade_async.envs.contract import (
     check_step,
     resolve_params,
 )
-from spade_async.logs import get_logger
 from spade_async.sandbox.cgroups import SlotCgroups
 from spade_async.sandbox.isolation import MB, Isolation, choose_isolation
 

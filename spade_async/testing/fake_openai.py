@@ -28,7 +28,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from spade_async.endpoints.launch import free_port
+from spade_async.inference.launch import free_port
 
 
 @dataclass
@@ -348,7 +348,7 @@ def build_app(state: FakeState) -> Starlette:
 
 
 def _is_probe(request: Request) -> bool:
-    """A capability probe (spade_async/endpoints/capabilities.py): answered, never counted."""
+    """A capability probe (spade_async/inference/capabilities.py): answered, never counted."""
     return request.headers.get("x-spade-probe") == "capabilities"
 
 

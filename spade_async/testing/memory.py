@@ -7,9 +7,9 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 
-from spade_async.daemon import StoredEnv
 from spade_async.envs.validate import ValidationReport
-from spade_async.regret import DesignStatus, EnvRegret
+from spade_async.loop.daemon import StoredEnv
+from spade_async.reward.regret import DesignStatus, EnvRegret
 
 
 @dataclass

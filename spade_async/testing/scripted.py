@@ -7,7 +7,7 @@ from __future__ import annotations
 import hashlib
 import re
 
-from spade_async.chat_tokens import ChatTokens
+from spade_async.inference.chat_tokens import ChatTokens
 
 ENV_CODE = '''import random
 

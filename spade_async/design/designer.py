@@ -14,9 +14,9 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from spade_async.chat_tokens import ChatTokens
-from spade_async.endpoints.pool import EndpointPool
 from spade_async.envs.contract import ALLOWED_IMPORTS
+from spade_async.inference.chat_tokens import ChatTokens
+from spade_async.inference.pool import EndpointPool
 
 CONTRACT = f"""Write ONE Python module (standard library only; allowed imports: \
 {", ".join(sorted(ALLOWED_IMPORTS))}) that defines a class named Environment:
@@ -53,7 +53,7 @@ class Design:
     loss_mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     # The move (DESIGN §12): "write" a new module, or "edit" the knobs of the stored
-    # environment `parent` (its code, with `params`; see spade_async/edit.py).
+    # environment `parent` (its code, with `params`; see spade_async/design/edit.py).
     move: str = "write"
     parent: str | None = None
     params: dict[str, Any] | None = None

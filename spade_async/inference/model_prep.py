@@ -18,7 +18,7 @@ import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
-from spade_async.config import SpadeConfig, checkpoint_dir
+from spade_async.core.config import SpadeConfig, checkpoint_dir
 
 MARKER = ".spade-prepared.json"
 

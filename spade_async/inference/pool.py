@@ -37,9 +37,9 @@ import anyio
 import httpx
 from anyio.abc import TaskStatus
 
-from spade_async.config import EndpointConfig, PoolConfig
-from spade_async.endpoints.capabilities import Capabilities, ProbeUnanswered, probe_capabilities
-from spade_async.logs import get_logger
+from spade_async.core.config import EndpointConfig, PoolConfig
+from spade_async.core.logs import get_logger
+from spade_async.inference.capabilities import Capabilities, ProbeUnanswered, probe_capabilities
 
 log = get_logger("pool")
 

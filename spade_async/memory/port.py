@@ -19,10 +19,10 @@ from memory_db.records import NewEnv, VariantStats
 from memory_db.schema import variant_id
 from memory_db.store import EnvMemory
 from memory_db.store import open_memory as _open_memory
-from spade_async.config import SpadeConfig, memory_config
-from spade_async.daemon import StoredEnv
+from spade_async.core.config import SpadeConfig, memory_config
 from spade_async.envs.validate import ValidationReport
-from spade_async.regret import DesignStatus, EnvRegret
+from spade_async.loop.daemon import StoredEnv
+from spade_async.reward.regret import DesignStatus, EnvRegret
 
 _NAME = re.compile(r"""^\s*name\s*(?::\s*str\s*)?=\s*["']([^"']{1,80})["']""", re.M)
 _DESC = re.compile(r"""^\s*description\s*(?::\s*str\s*)?=\s*["']([^"']{1,400})""", re.M)

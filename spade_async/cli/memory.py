@@ -19,7 +19,7 @@ import typer
 from memory_db.config import MemoryConfig
 from memory_db.records import EnvRecord, Hit, NewEnv, VariantStats
 from memory_db.schema import SchemaError
-from spade_async.config import ConfigError, SpadeConfig, load_config, memory_config
+from spade_async.core.config import ConfigError, SpadeConfig, load_config, memory_config
 from spade_async.core.io import atomic_open
 
 if TYPE_CHECKING:  # LanceDB loads when a command opens the memory, not for `spade --help`

@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass
 from enum import StrEnum
 
-from spade_async.config import RegretConfig
+from spade_async.core.config import RegretConfig
 
 
 class DesignStatus(StrEnum):

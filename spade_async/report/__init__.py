@@ -30,9 +30,9 @@ from typing import Any
 
 import numpy as np
 
-from spade_async.config import SpadeConfig, run_dir
+from spade_async.core.config import SpadeConfig, run_dir
 from spade_async.core.io import read_jsonl
-from spade_async.curriculum import (
+from spade_async.report.curriculum import (
     CURRICULUM_HEAD,
     DESIGN_MOVES,
     PLAY_MOVES,
@@ -108,8 +108,8 @@ class RunData:
 
 
 def load_run(cfg: SpadeConfig) -> RunData:
+    from spade_async.core.trainer_config import trainer_root
     from spade_async.evals.base import load_results
-    from trainer.config import trainer_root
 
     rdir = run_dir(cfg)
     data = RunData(designs=read_jsonl(rdir / "designs.jsonl"),
@@ -131,7 +131,7 @@ def _memory_rows(cfg: SpadeConfig) -> list[dict]:
     import anyio
 
     from memory_db.store import EnvMemory
-    from spade_async.config import memory_config
+    from spade_async.core.config import memory_config
 
     mcfg, uri = memory_config(cfg)
     if "://" not in uri and not Path(uri).is_dir():

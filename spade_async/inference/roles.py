@@ -13,11 +13,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from spade_async.endpoints.capabilities import SWAP_ROUTES
+from spade_async.inference.capabilities import SWAP_ROUTES
 
 if TYPE_CHECKING:
-    from spade_async.config import SpadeConfig
-    from spade_async.endpoints.pool import EndpointPool
+    from spade_async.core.config import SpadeConfig
+    from spade_async.inference.pool import EndpointPool
 
 ROLES = ("agent", "designer", "eval")
 

@@ -27,13 +27,18 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any
 
-from pydantic import Field, model_validator
-
+from spade_async.core.corpus_config import (
+    CorpusConfig,
+    HFSourceConfig,
+    JsonlSourceConfig,
+    ParquetSourceConfig,
+    StdlibSourceConfig,
+    TextDirSourceConfig,
+)
 from spade_async.core.io import atomic_write_json
-from spade_async.core.strict import Strict as _Strict
-from spade_async.logs import get_logger
+from spade_async.core.logs import get_logger
 
 log = get_logger("corpus")
 
@@ -179,7 +184,7 @@ DEFAULT_STDLIB_DENY: tuple[str, ...] = (
 )
 
 # The child's script: a real module, run by path (`-I` keeps its directory off sys.path).
-_STDLIB_WORKER = Path(__file__).resolve().with_name("corpus_worker.py")
+_STDLIB_WORKER = Path(__file__).resolve().with_name("worker.py")
 
 
 class _ImportWorker:
@@ -808,74 +813,6 @@ class CorpusSampler(Iterator[Chunk]):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-# --------------------------------------------------------------------------------------------
-# Config
-
-
-class StdlibSourceConfig(_Strict):
-    type: Literal["stdlib"] = "stdlib"
-    min_doc_chars: int = Field(300, ge=0, description="modules with less docstring text are left out")
-    include_submodules: bool = Field(True, description="walk packages into their submodules")
-    import_timeout_s: float = Field(30.0, gt=0, description="deadline of one module's import")
-
-
-class JsonlSourceConfig(_Strict):
-    type: Literal["jsonl"] = "jsonl"
-    path: Path = Field(description="a .jsonl or .jsonl.gz file, one JSON object a line")
-    text_field: str = Field("text", min_length=1)
-    id_field: str | None = Field(None, description="default: file name and line number")
-    title_field: str | None = None
-
-
-class ParquetSourceConfig(_Strict):
-    type: Literal["parquet"] = "parquet"
-    path: Path = Field(description="a Parquet file, or a directory of them")
-    text_column: str = Field("text", min_length=1)
-    id_column: str | None = Field(None, description="default: file name and row number")
-    title_column: str | None = None
-    batch_size: int = Field(1024, ge=1, description="rows per record batch read")
-
-
-class TextDirSourceConfig(_Strict):
-    type: Literal["textdir"] = "textdir"
-    dir: Path
-    glob: str = Field("**/*.txt|**/*.md", min_length=1, description="'|'-separated globs")
-
-
-class HFSourceConfig(_Strict):
-    type: Literal["hf"] = "hf"
-    name: str = Field(min_length=1, description="dataset repository, e.g. 'wikimedia/wikipedia'")
-    split: str = "train"
-    text_field: str = Field("text", min_length=1)
-    config: str | None = Field(None, description="the dataset's configuration name")
-    revision: str | None = Field(None, description="pin a commit for a reproducible order")
-    id_field: str | None = None
-    title_field: str | None = None
-
-
-SourceConfig = Annotated[
-    StdlibSourceConfig | JsonlSourceConfig | ParquetSourceConfig | TextDirSourceConfig
-    | HFSourceConfig,
-    Field(discriminator="type"),
-]
-
-
-class CorpusConfig(_Strict):
-    """Where designer documents come from and how they are cut and shuffled."""
-
-    source: SourceConfig = Field(default_factory=StdlibSourceConfig)
-    max_chars: int = Field(2000, ge=64, description="longest chunk handed to the designer")
-    min_chars: int = Field(200, ge=0, description="shorter chunks are dropped")
-    seed: int = Field(0, description="shuffle seed; part of the sampler's state identity")
-    shuffle_buffer: int = Field(10_000, ge=1, description="chunks held for the shuffle")
-
-    @model_validator(mode="after")
-    def _sizes(self) -> CorpusConfig:
-        if self.min_chars > self.max_chars:
-            raise ValueError(f"min_chars ({self.min_chars}) exceeds max_chars ({self.max_chars})")
-        return self
 
 
 def make_source(cfg: CorpusConfig | StdlibSourceConfig | JsonlSourceConfig | ParquetSourceConfig

@@ -8,7 +8,7 @@ ended first, with its exit code or signal and the last error it wrote, and recor
 `<data_dir>/run/stack-exit.json`. Ctrl-C goes to the whole process group as usual (honcho stops
 the processes); SIGTERM sent to this wrapper is passed on to honcho.
 
-    python -m spade_async.supervise --config configs/embedded.toml -- honcho start
+    python -m spade_async.cli.supervise --config configs/embedded.toml -- honcho start
 
 It never restarts anything itself: for that, run the three processes under a supervisor that
 does (systemd units in the README).
@@ -135,7 +135,7 @@ def supervise(cmd: list[str], log_path: Path) -> tuple[int, StackExit]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m spade_async.supervise",
+    ap = argparse.ArgumentParser(prog="python -m spade_async.cli.supervise",
                                  description=__doc__.split("\n\n")[0])
     ap.add_argument("--config", "-c", type=Path, required=True)
     ap.add_argument("cmd", nargs=argparse.REMAINDER, help="-- honcho start [args]")
@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if not cmd:
         ap.error("give the command to run after --")
-    from spade_async.config import ConfigError, load_config, run_dir
+    from spade_async.core.config import ConfigError, load_config, run_dir
 
     try:
         rdir = run_dir(load_config(args.config))

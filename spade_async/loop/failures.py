@@ -21,9 +21,9 @@ from typing import Any, TypeVar
 
 import anyio
 
-from spade_async.endpoints.pool import EndpointError
-from spade_async.logs import get_logger
-from spade_async.metrics import Metrics
+from spade_async.core.logs import get_logger
+from spade_async.inference.pool import EndpointError
+from spade_async.loop.metrics import Metrics
 from spade_async.sandbox.runtime import SandboxError, WorkerStartError
 
 log = get_logger("failures")

@@ -3,7 +3,7 @@ environment, chosen from a list of neighbouring settings under the server's stru
 
 Why a choice list: the answer is always a valid setting (SmolLM2-135M writes no valid module,
 but it can pick), the move stays small like ACCEL's mutations, and the constraint is one the
-trainer can rebuild exactly (spade_async/constrained.py), which is what keeps the importance
+trainer can rebuild exactly (spade_async/inference/constrained.py), which is what keeps the importance
 ratio honest: vLLM reports the log-probs of the *constrained* distribution (the grammar's
 bitmask is applied to the logits before they are computed), so the trainer renormalises its own
 over the same allowed ids.
@@ -21,11 +21,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from spade_async.chat_tokens import ChatTokens
-from spade_async.constrained import ConstraintError, TokenBytes, choice_allowed_sets, chosen
-from spade_async.designer import Design
-from spade_async.endpoints.pool import EndpointPool
+from spade_async.design.designer import Design
 from spade_async.envs.contract import ParamSpec
+from spade_async.inference.chat_tokens import ChatTokens
+from spade_async.inference.constrained import (
+    ConstraintError,
+    TokenBytes,
+    choice_allowed_sets,
+    chosen,
+)
+from spade_async.inference.pool import EndpointPool
 
 
 @dataclass(frozen=True)

@@ -65,7 +65,7 @@ class TrainerConfig(Strict):
         "rollout.temperature unless set (a set value that differs is an error), and servers "
         "started by scripts/inference.sh report matching log-probs: vLLM's default "
         "raw_logprobs (temperature 1) at temperature 1, --logprobs-mode processed_logprobs "
-        "otherwise (spade_async.config.logprobs_mode)")
+        "otherwise (spade_async.core.config.logprobs_mode)")
 
     # -- batching -------------------------------------------------------------------------------
     micro_batch_tokens: int = Field(4096, ge=16, description="padded tokens (rows x longest "

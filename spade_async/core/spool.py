@@ -32,7 +32,7 @@ import pyarrow.compute as pc
 
 from spade_async.core.io import atomic_write_json
 from spade_async.core.io import fsync_dir as _fsync_dir  # a module name the crash tests patch
-from spade_async.logs import get_logger
+from spade_async.core.logs import get_logger
 
 log = get_logger("spool")
 
@@ -58,7 +58,7 @@ BATCH_SCHEMA = pa.schema(
         pa.field("created_at", pa.timestamp("us", tz="UTC"), nullable=False),
         # v2: the designer's move, and for a sample decoded under a choice constraint the
         # token ids the constraint allowed at each sampled (mask 1) token, in order; null for
-        # free decoding (see spade_async/constrained.py).
+        # free decoding (see spade_async/inference/constrained.py).
         pa.field("move", pa.string(), nullable=False),
         pa.field("allowed_tokens", pa.list_(pa.list_(pa.int32())), nullable=True),
     ],

@@ -32,26 +32,32 @@ import anyio
 from anyio.abc import TaskStatus
 
 from memory_db.schema import variant_id
-from spade_async.admission import Admission, Reservation, Stream, StreamPool
-from spade_async.chat_tokens import ChatTokens
-from spade_async.config import SpadeConfig
-from spade_async.constrained import TokenBytes
+from spade_async.core.config import SpadeConfig
 from spade_async.core.io import append_jsonl, atomic_write_text
+from spade_async.core.logs import get_logger
 from spade_async.core.policy import current_path
+from spade_async.core.spool import BatchSpool, Sample
 from spade_async.corpus import Chunk, CorpusSampler
-from spade_async.designer import Design, design
-from spade_async.edit import VariantView, candidate_params, propose_edit
-from spade_async.endpoints.pool import EndpointError, EndpointPool
-from spade_async.endpoints.roles import ROLES, RoleRoute, group_has, role_route
+from spade_async.design.designer import Design, design
+from spade_async.design.edit import VariantView, candidate_params, propose_edit
 from spade_async.envs.contract import ContractError, EnvMeta, easiest_point, resolve_params
 from spade_async.envs.validate import ValidationReport, validate
-from spade_async.episode import Episode, play_in_sandbox
-from spade_async.failures import Failures, GaveUp, failure_kind
-from spade_async.logs import get_logger
-from spade_async.metrics import Metrics
-from spade_async.regret import DesignStatus, EnvRegret, design_reward, env_regret, group_advantages
+from spade_async.inference.chat_tokens import ChatTokens
+from spade_async.inference.constrained import TokenBytes
+from spade_async.inference.pool import EndpointError, EndpointPool
+from spade_async.inference.roles import ROLES, RoleRoute, group_has, role_route
+from spade_async.loop.admission import Admission, Reservation, Stream, StreamPool
+from spade_async.loop.failures import Failures, GaveUp, failure_kind
+from spade_async.loop.metrics import Metrics
+from spade_async.reward.regret import (
+    DesignStatus,
+    EnvRegret,
+    design_reward,
+    env_regret,
+    group_advantages,
+)
+from spade_async.rollout.episode import Episode, play_in_sandbox
 from spade_async.sandbox.runtime import Sandbox, SandboxError
-from spade_async.spool import BatchSpool, Sample
 
 log = get_logger("daemon")
 
@@ -229,7 +235,7 @@ class Daemon:
         self._vocab: TokenBytes | None = None
         # who designs, plays and evaluates where, and by which path (DESIGN §5)
         self.routes = {r: role_route(cfg, r) for r in ROLES}
-        # how much is in flight: sized to the endpoints' capacity (spade_async.admission)
+        # how much is in flight: sized to the endpoints' capacity (spade_async.loop.admission)
         dcfg = cfg.daemon
         self.admission = Admission(
             pool, agent_group=self.routes["agent"].group,
@@ -325,7 +331,7 @@ class Daemon:
         log.info("memory_bootstrapped", seeds=stored, of=len(files))
 
     async def _designer_loop(self, send_env) -> None:
-        """New work, admitted while the endpoints have room (spade_async.admission): a
+        """New work, admitted while the endpoints have room (spade_async.loop.admission): a
         document or an edit group, now and then a replay beside it; while the trainer has
         taken every batch, a replay of a played variant first (a batch after one play, not
         after a document's designs, validations and plays)."""
@@ -837,7 +843,7 @@ class Daemon:
 
     async def _player(self, recv_env) -> None:
         """Takes accepted environments off the stream in order and starts each play once
-        there is room for its K_u + K_h episodes (spade_async.admission): how many plays run
+        there is room for its K_u + K_h episodes (spade_async.loop.admission): how many plays run
         at once follows the agent endpoints' capacity and the sandbox slots."""
         adm = self.admission
         width = self.cfg.rollout.k_unhinted + self.cfg.rollout.k_hinted

@@ -28,7 +28,7 @@ from typing import Any
 
 import anyio
 
-from spade_async.endpoints.pool import EndpointPool
+from spade_async.inference.pool import EndpointPool
 
 # How often a waiting admission looks again when no stream of ours changed (the pool's count
 # also moves with requests we do not track: the evaluation's, retries).

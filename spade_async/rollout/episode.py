@@ -16,9 +16,8 @@ from typing import Any
 
 import anyio
 
-from spade_async.chat_tokens import ChatTokens
-from spade_async.config import RolloutConfig
-from spade_async.endpoints.pool import EndpointError, EndpointPool
+from spade_async.core.config import RolloutConfig
+from spade_async.core.logs import get_logger
 from spade_async.envs.contract import (
     EnvMeta,
     StepResult,
@@ -27,7 +26,8 @@ from spade_async.envs.contract import (
     tool_call_action,
 )
 from spade_async.envs.hint_leak import play_leak
-from spade_async.logs import get_logger
+from spade_async.inference.chat_tokens import ChatTokens
+from spade_async.inference.pool import EndpointError, EndpointPool
 from spade_async.sandbox.runtime import EnvSession, Sandbox, SandboxError
 
 log = get_logger("episode")

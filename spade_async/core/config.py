@@ -19,9 +19,9 @@ from pydantic import (
 )
 
 from memory_db.config import MemoryConfig
+from spade_async.core.corpus_config import CorpusConfig
 from spade_async.core.strict import Strict as _Strict
-from spade_async.corpus import CorpusConfig
-from trainer.config import TrainerConfig
+from spade_async.core.trainer_config import TrainerConfig
 
 
 class ConfigError(ValueError):
@@ -232,7 +232,7 @@ class ModelConfig(_Strict):
         "trainer follows (bf16 autocast, full-weight exports). auto: on a CPU vLLM, bfloat16 "
         "where the CPU has native bf16 (avx512_bf16 / amx_bf16; aarch64 bf16), else float32 "
         "(emulated bf16 runs ~4x slower); on a GPU vLLM, vLLM's own auto. See "
-        "spade_async/endpoints/cpu_profile.py")
+        "spade_async/inference/cpu_profile.py")
 
 
 class SandboxConfig(_Strict):
@@ -357,7 +357,7 @@ class DaemonConfig(_Strict):
     documents_in_flight: int | None = Field(
         None, ge=1, description="at most this many documents (or edit groups) in flight at "
         "once; None: as many as the endpoints have room for (new work is admitted while the "
-        "designer's and agent's endpoints have free slots, spade_async/admission.py)")
+        "designer's and agent's endpoints have free slots, spade_async/loop/admission.py)")
     envs_in_flight: int | None = Field(
         None, ge=1, description="at most this many environments played at once; None: as many "
         "as the agent's endpoints and the sandbox slots have room for")
@@ -382,7 +382,7 @@ class DaemonConfig(_Strict):
     @classmethod
     def _known_seed_families(cls, v: list[str] | None) -> list[str] | None:
         if v is not None:
-            seeds = Path(__file__).resolve().parent / "envs" / "seeds"
+            seeds = Path(__file__).resolve().parents[1] / "envs" / "seeds"
             known = sorted(p.stem for p in seeds.glob("*.py") if p.name != "__init__.py")
             unknown = [n for n in v if n not in known]
             if unknown:
