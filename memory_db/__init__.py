@@ -22,7 +22,7 @@ _EXPORTS = {
     "canonical_params": "memory_db.schema", "env_id": "memory_db.schema",
     "variant_id": "memory_db.schema",
     "EnvMemory": "memory_db.store", "open_memory": "memory_db.store",
-    "MemoryClosed": "memory_db.writer",
+    "MemoryClosed": "memory_db.ops",
 }
 __all__ = sorted(_EXPORTS)
 

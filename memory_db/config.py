@@ -27,9 +27,6 @@ class ReplayConfig(_Strict):
         "unhinted solve rate")
     rho: float = Field(0.3, ge=0, le=1, description="weight of staleness in the replay mix")
     beta: float = Field(0.3, gt=0, description="temperature of the rank transform h = (1/rank)^(1/beta)")
-    replay_prob: float = Field(0.5, ge=0, le=1, description="chance that the next environment "
-                               "is a replay rather than a new design, once enough are seen")
-    min_seen: int = Field(8, ge=1, description="played environments needed before replay starts")
 
 
 class WriterConfig(_Strict):
@@ -61,6 +58,10 @@ class IndexConfig(_Strict):
                                    "a top-1 novelty check and a top-50 MMR fetch are both exact "
                                    "enough without re-reading 500 vectors")
     build_timeout_s: float = Field(1800.0, gt=0, description="deadline of one index training")
+
+    def refine_factor(self, limit: int) -> int:
+        """LanceDB's refine_factor for a search of `limit` rows (see `refine_candidates`)."""
+        return max(1, -(-self.refine_candidates // max(1, limit)))
 
 
 class MemoryConfig(_Strict):

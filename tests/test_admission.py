@@ -17,9 +17,9 @@ from spade_async.core.config import (
     SandboxConfig,
     SpadeConfig,
 )
-from spade_async.core.corpus_config import CorpusConfig, JsonlSourceConfig
-from spade_async.core.spool import FileSpool
-from spade_async.corpus import CorpusSampler
+from spade_async.core.config.corpus import CorpusConfig, JsonlSourceConfig
+from spade_async.core.spool.files import FileSpool
+from spade_async.corpus.sampler import CorpusSampler
 from spade_async.inference.pool import EndpointPool
 from spade_async.loop.admission import Admission
 from spade_async.loop.daemon import Daemon
@@ -230,7 +230,9 @@ async def test_a_hungry_trainer_gets_replays_first_and_the_designer_still_progre
     # all went through.
     assert daemon.counters["replays_for_hungry_trainer"] > 0
     assert daemon.iterations == 8
-    assert sum(1 for p in memory.plays if not p[4]) == 8  # each document's env was played
+    plays = [json.loads(x) for x in (tmp_path / "run" / "plays.jsonl").read_text().splitlines()]
+    assert len(plays) == len(memory.plays)
+    assert sum(1 for p in plays if not p["replayed"]) == 8  # each document's env was played
     assert not daemon.waiting_for_trainer
 
 

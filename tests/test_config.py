@@ -2,7 +2,8 @@ from pathlib import Path
 
 import pytest
 
-from spade_async.core.config import ConfigError, VllmReloadSwap, load_config
+from spade_async.core.config import ConfigError, VllmReloadSwap
+from spade_async.envs.seed_checks import load_checked_config as load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from spade_async.core.spool import FileSpool, Sample, SampleError
+from spade_async.core.spool.batch import Sample, SampleError
+from spade_async.core.spool.files import FileSpool
 from spade_async.inference.constrained import (
     ConstraintError,
     TokenBytes,

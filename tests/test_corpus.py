@@ -14,24 +14,21 @@ import pyarrow.parquet as pq
 import pytest
 from pydantic import ValidationError
 
-from spade_async import corpus
-from spade_async.core.corpus_config import CorpusConfig, HFSourceConfig
-from spade_async.corpus import (
+from spade_async.core.config.corpus import CorpusConfig, HFSourceConfig
+from spade_async.corpus import stdlib
+from spade_async.corpus.chunking import chunk_document, chunk_text
+from spade_async.corpus.documents import (
     Chunk,
     CorpusError,
-    CorpusSampler,
     CorpusSource,
     CorpusStateError,
     Document,
-    HFDatasetSource,
-    JsonlSource,
-    ParquetSource,
-    StdlibDocs,
-    TextDirSource,
-    chunk_document,
-    chunk_text,
-    make_source,
 )
+from spade_async.corpus.files import JsonlSource, ParquetSource, TextDirSource
+from spade_async.corpus.hf import HFDatasetSource
+from spade_async.corpus.sampler import CorpusSampler
+from spade_async.corpus.sources import make_source
+from spade_async.corpus.stdlib import StdlibDocs
 
 
 @pytest.fixture(autouse=True)
@@ -330,8 +327,8 @@ for line in sys.stdin:
 def test_import_worker_survives_hangs_and_crashes(monkeypatch, tmp_path):
     script = tmp_path / "fake_worker.py"
     script.write_text(_FAKE_WORKER)
-    monkeypatch.setattr(corpus, "_STDLIB_WORKER", script)
-    worker = corpus._ImportWorker(sys.executable, timeout_s=2.0)
+    monkeypatch.setattr(stdlib, "_STDLIB_WORKER", script)
+    worker = stdlib._ImportWorker(sys.executable, timeout_s=2.0)
     try:
         first = worker.query("json")
         assert first["module"] == "json"
@@ -349,12 +346,12 @@ def test_import_worker_survives_hangs_and_crashes(monkeypatch, tmp_path):
 def test_closing_the_stdlib_walk_stops_its_child(monkeypatch):
     workers = []
 
-    class Recording(corpus._ImportWorker):
+    class Recording(stdlib._ImportWorker):
         def __init__(self, *args):
             super().__init__(*args)
             workers.append(self)
 
-    monkeypatch.setattr(corpus, "_ImportWorker", Recording)
+    monkeypatch.setattr(stdlib, "_ImportWorker", Recording)
     walk = StdlibDocs().iter_documents()
     next(walk)
     proc = workers[0]._proc

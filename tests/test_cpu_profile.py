@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from spade_async.core.config import ConfigError, load_config
-from spade_async.core.trainer_config import TrainerConfig
+from spade_async.core.config.trainer import TrainerConfig
 from spade_async.inference.cpu_profile import (
     LACKS_BF16,
     CpuInfo,

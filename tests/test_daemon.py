@@ -18,9 +18,9 @@ from spade_async.core.config import (
     SandboxConfig,
     SpadeConfig,
 )
-from spade_async.core.corpus_config import CorpusConfig, JsonlSourceConfig
-from spade_async.core.spool import FileSpool
-from spade_async.corpus import CorpusSampler
+from spade_async.core.config.corpus import CorpusConfig, JsonlSourceConfig
+from spade_async.core.spool.files import FileSpool
+from spade_async.corpus.sampler import CorpusSampler
 from spade_async.inference.pool import EndpointPool
 from spade_async.loop.daemon import Daemon
 from spade_async.sandbox.runtime import Sandbox
@@ -63,9 +63,11 @@ async def test_one_iteration_regret_advantages_and_batch_by_hand(fake, tmp_path)
     # parse, not "no code".
     assert rejected["reason"].startswith("static.parse")
     # Played: 3 unhinted (all wrong: 0) and 2 hinted (all right: 1) -> regret 1.
-    ((env_id, unhinted, hinted, regret, replayed),) = memory.plays
-    assert (unhinted, hinted, replayed) == ([0.0, 0.0, 0.0], [1.0, 1.0], False)
-    assert (regret.r_unhinted, regret.r_hinted, regret.regret, regret.feasible) == (0, 1, 1, True)
+    ((env_id, unhinted, hinted),) = memory.plays
+    (play,) = [json.loads(x) for x in (tmp_path / "run" / "plays.jsonl").read_text().splitlines()]
+    assert (unhinted, hinted, play["replayed"]) == ([0.0, 0.0, 0.0], [1.0, 1.0], False)
+    assert (play["r_unhinted"], play["r_hinted"], play["regret"], play["feasible"]) == \
+        (0, 1, 1, True)
     # Batch: agent groups have zero variance (dropped, counted); designer rewards [1, -1]
     # normalise to [+1, -1] (std 1).
     assert daemon.counters["agent_groups_zero_variance"] == 1
@@ -298,14 +300,18 @@ async def test_failed_episodes_stay_out_of_regret_and_memory_and_are_counted(fak
     assert failed and daemon.counters["episode_errors"] == len(failed)
     assert all(e["error_kind"] == "http_5xx" for e in failed)
     assert memory.plays, "every play failed: the injection is too strong for this test"
-    for env_id, unhinted, hinted, regret, _ in memory.plays:
+    plays = [json.loads(x) for x in (tmp_path / "run" / "plays.jsonl").read_text().splitlines()]
+    assert sorted(map(str, memory.plays)) == sorted(
+        str((p["env_id"], p["unhinted"], p["hinted"])) for p in plays)
+    for regret in plays:
+        env_id, unhinted, hinted = regret["env_id"], regret["unhinted"], regret["hinted"]
         ok = [e for e in episodes if e["env_id"] == env_id and not e["error"]]
         # only finished episodes are scores, and the regret is computed from them alone
         assert len(unhinted) == sum(not e["hinted"] for e in ok) < 4 + 1
         assert len(hinted) == sum(e["hinted"] for e in ok)
-        assert regret.r_unhinted == pytest.approx(sum(unhinted) / len(unhinted))
-        assert regret.r_hinted == pytest.approx(sum(hinted) / len(hinted))
-    assert sum(len(u) + len(h) for _, u, h, _, _ in memory.plays) < len(episodes)
+        assert regret["r_unhinted"] == pytest.approx(sum(unhinted) / len(unhinted))
+        assert regret["r_hinted"] == pytest.approx(sum(hinted) / len(hinted))
+    assert sum(len(u) + len(h) for _, u, h in memory.plays) < len(episodes)
     assert memory.sandbox_failures == [0] * len(memory.plays)  # the endpoint's fault, not theirs
     status = json.loads((tmp_path / "run" / "status.json").read_text())
     assert status["counters"]["episode_errors"] == len(failed)

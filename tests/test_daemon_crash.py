@@ -18,7 +18,7 @@ import pytest
 
 from memory_db.config import MemoryConfig
 from memory_db.store import open_memory
-from spade_async.core.spool import FileSpool
+from spade_async.core.spool.files import FileSpool
 from spade_async.inference.launch import free_port as _free_port
 from spade_async.inference.launch import wait_healthy
 

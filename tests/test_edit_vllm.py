@@ -23,9 +23,10 @@ from spade_async.core.config import (
     SandboxConfig,
     SpadeConfig,
 )
-from spade_async.core.corpus_config import CorpusConfig, JsonlSourceConfig
-from spade_async.core.spool import FileSpool, Sample
-from spade_async.corpus import CorpusSampler
+from spade_async.core.config.corpus import CorpusConfig, JsonlSourceConfig
+from spade_async.core.spool.batch import Sample
+from spade_async.core.spool.files import FileSpool
+from spade_async.corpus.sampler import CorpusSampler
 from spade_async.design.edit import candidate_params, propose_edit
 from spade_async.envs.contract import check_params_schema, resolve_params
 from spade_async.envs.validate import validate

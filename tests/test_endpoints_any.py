@@ -19,12 +19,8 @@ import pytest
 from spade_async.core.config import ConfigError, load_config
 from spade_async.evals.base import EvalFailed
 from spade_async.evals.run import evaluate_version
-from spade_async.inference.pool import (
-    EndpointCapabilityError,
-    EndpointPool,
-    EndpointServerError,
-    retry_after_s,
-)
+from spade_async.inference.errors import EndpointCapabilityError, EndpointServerError, retry_after_s
+from spade_async.inference.pool import EndpointPool
 from spade_async.inference.roles import RoleCapabilityError, check_roles
 from spade_async.testing.fake_openai import FakeOpenAIServer, FakeState
 from spade_async.testing.scripted import ENV_CODE
@@ -259,7 +255,7 @@ def test_frozen_designer_on_a_chat_only_server_while_the_agent_plays_on_tokens(
                                            "trained": False}
     # Not trained on: no designer sample reached the spool.
     assert status["counters"]["designer_samples_frozen"] == 2
-    from spade_async.core.spool import FileSpool
+    from spade_async.core.spool.files import FileSpool
 
     with FileSpool(tmp_path / "data" / "spool", writer=False) as spool:
         seq = 0

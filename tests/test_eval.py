@@ -14,7 +14,8 @@ from typer.testing import CliRunner
 
 from spade_async.cli import app
 from spade_async.core.config import load_config
-from spade_async.corpus import chunk_document, make_source
+from spade_async.corpus.chunking import chunk_document
+from spade_async.corpus.sources import make_source
 from spade_async.evals.base import load_results, model_for_version
 from spade_async.evals.reasoning_gym_suite import GENERATORS, ReasoningGymSuite
 
@@ -142,8 +143,9 @@ def test_eval_loads_a_published_adapter_the_server_no_longer_holds(tmp_path):
     again from its weight directory; one that was pruned is a clear error, not a 404 per task."""
     import anyio
 
-    from spade_async.cli import _serve_published_adapter
-    from spade_async.inference.pool import EndpointError, EndpointPool
+    from spade_async.cli.eval import _serve_published_adapter
+    from spade_async.inference.errors import EndpointError
+    from spade_async.inference.pool import EndpointPool
     from spade_async.testing.fake_openai import FakeOpenAIServer
 
     server = FakeOpenAIServer()

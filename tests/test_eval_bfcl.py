@@ -25,7 +25,7 @@ from spade_async.evals.bfcl import (
 )
 from spade_async.inference.chat_tokens import ChatTokens
 from spade_async.inference.pool import EndpointPool
-from spade_async.sandbox.runtime import EnvException, SandboxError
+from spade_async.sandbox.errors import EnvException, SandboxError
 
 STAMP = REPO / ".venv-bfcl" / ".spade-ready"
 

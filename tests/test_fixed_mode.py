@@ -15,8 +15,8 @@ from pathlib import Path
 import anyio
 
 from spade_async.core.config import load_config
-from spade_async.core.spool import FileSpool
-from spade_async.corpus import CorpusSampler
+from spade_async.core.spool.files import FileSpool
+from spade_async.corpus.sampler import CorpusSampler
 from spade_async.inference.pool import EndpointPool
 from spade_async.loop.daemon import Daemon
 from spade_async.reward.regret import DesignStatus

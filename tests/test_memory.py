@@ -222,19 +222,6 @@ async def test_replay_prefers_high_scores_revisits_stale_ones_and_survives_resta
         assert (await mem.get(eid)).stats.last_tick == n + draws
 
 
-async def test_next_replay_waits_for_enough_played_envs(tmp_path):
-    cfg = hash_cfg(replay={"replay_prob": 1.0, "min_seen": 3})
-    async with open_memory(cfg, str(tmp_path / "m")) as mem:
-        ids = [r.id for r in await mem.insert_many([env(i, f"t {i}") for i in range(3)])]
-        rng = random.Random(0)
-        assert await mem.next_replay(rng) is None  # nothing played yet
-        for eid in ids[:2]:
-            await mem.record_episodes(eid, hinted=[1.0], unhinted=[0.0])
-        assert await mem.next_replay(rng) is None  # 2 < min_seen
-        await mem.record_episodes(ids[2], hinted=[1.0], unhinted=[0.0])
-        assert await mem.next_replay(rng) in ids
-
-
 # ---- schema -------------------------------------------------------------------------------
 
 

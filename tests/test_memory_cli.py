@@ -12,7 +12,8 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from spade_async.cli.memory import bench_memory, memory_app
+from spade_async.cli.bench.memory import bench_memory
+from spade_async.cli.memory import memory_app
 
 SEEDS = sorted(p for p in (Path(__file__).resolve().parents[1] / "spade_async" / "envs" /
                            "seeds").glob("*.py") if p.name != "__init__.py")

@@ -12,7 +12,7 @@ from memory_db.config import MemoryConfig
 from spade_async.core.config import PathsConfig, SandboxConfig, SpadeConfig
 from spade_async.envs.validate import validate
 from spade_async.memory.port import open_memory
-from spade_async.reward.regret import DesignStatus, EnvRegret
+from spade_async.reward.regret import DesignStatus
 from spade_async.sandbox.runtime import Sandbox
 from spade_async.testing.scripted import ENV_CODE
 
@@ -40,8 +40,7 @@ def test_fixed_pool_and_unseen_first_replay_on_lancedb(tmp_path):
                                            DesignStatus.INVALID]
             pool = await port.fixed_pool()
             # The first environment is played; the second never was.
-            await port.record_play(ids[0][1], [0.0, 1.0], [1.0, 1.0],
-                                   EnvRegret(0.5, 1.0, 0.5, True, 0.5, 0.25), replayed=False)
+            await port.record_play(ids[0][1], [0.0, 1.0], [1.0, 1.0])
             await port.mem.close()  # commit what is queued before reading it back
         async with open_memory(cfg) as port:
             first = await port.sample_replay()

@@ -22,7 +22,7 @@ from memory_db.embed import HashEmbedder, env_text
 from memory_db.records import EnvStats, VariantStats
 from memory_db.schema import envs_schema, meta_rows, read_meta, variant_id
 from spade_async.cli.memory import memory_app
-from spade_async.loop.daemon import StoredEnv
+from spade_async.loop.ports import StoredEnv
 from spade_async.memory.port import LanceMemoryPort
 
 FAST = {"writer": {"flush_interval_s": 0.005}}
@@ -192,8 +192,7 @@ async def test_params_make_separate_variants_and_the_environment_aggregates_them
 
 
 async def test_replay_draws_variants_of_accepted_environments(tmp_path):
-    cfg = hash_cfg(replay={"rho": 0.3, "beta": 0.3, "score": "learnability",
-                           "replay_prob": 1.0, "min_seen": 2})
+    cfg = hash_cfg(replay={"rho": 0.3, "beta": 0.3, "score": "learnability"})
     async with open_memory(cfg, str(tmp_path / "m")) as mem:
         a, b = await mem.insert_many([env("a"), env("b")])
         bad = await mem.insert(env("bad", rejected_reason="hint: empty"))
@@ -202,7 +201,6 @@ async def test_replay_draws_variants_of_accepted_environments(tmp_path):
         for size, unhinted in ((3, [1.0] * 4), (5, [1.0, 0.0]), (7, [1.0, 1.0, 1.0, 0.0])):
             await mem.record_episodes(a.id, hinted=[1.0], unhinted=unhinted,
                                       params={"size": size})
-        assert await mem.next_replay(rng) is None  # 3 variants, but 1 environment < min_seen
         await mem.record_episodes(bad.id, hinted=[1.0], unhinted=[0.0, 1.0], params={"size": 5})
         await mem.record_episodes(b.id, hinted=[1.0], unhinted=[1.0])
         probs = await mem.replay_probabilities()
@@ -212,7 +210,6 @@ async def test_replay_draws_variants_of_accepted_environments(tmp_path):
             assert 0 < p <= 1
             picks[vid] += 1
         drawn = await mem.variant(variant_id(a.id, {"size": 7}))
-        nxt = await mem.next_replay(rng)
         with pytest.raises(KeyError, match="no variant"):
             await mem.variant(a.id)  # a was never played at its defaults
         after = await mem.variants(a.id)
@@ -223,16 +220,15 @@ async def test_replay_draws_variants_of_accepted_environments(tmp_path):
     assert set(picks) == ours and all(picks[v] >= 3 for v in ours), picks  # staleness
     assert picks[variant_id(a.id, {"size": 5})] == max(picks.values()), picks
     assert drawn.env_id == a.id and drawn.params == {"size": 7}
-    assert nxt in ours
     assert sum(v.stats.times_replayed for v in after) == sum(
-        n for v, n in picks.items() if v != b.id) + (nxt != b.id)
+        n for v, n in picks.items() if v != b.id)
 
 
 async def test_the_port_hands_back_unseen_defaults_first_then_a_drawn_variant(tmp_path):
     async with open_memory(hash_cfg(), str(tmp_path / "m")) as mem:
         a, b = await mem.insert_many([env("a"), env("b")])
         port = LanceMemoryPort(mem, seed=0)
-        await port.record_play(a.id, [0.0, 1.0], [1.0, 1.0], None, replayed=False, params=HARD)
+        await port.record_play(a.id, [0.0, 1.0], [1.0, 1.0], params=HARD)
         first = await port.sample_replay()
         then = await port.sample_replay()
         shown = await port.variants(a.id)

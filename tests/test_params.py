@@ -25,7 +25,8 @@ from spade_async.envs.gym_adapter import register
 from spade_async.envs.validate import ALL_CHECKS, validate
 from spade_async.inference.pool import EndpointPool
 from spade_async.rollout.episode import run_episode
-from spade_async.sandbox.runtime import Sandbox, SandboxError
+from spade_async.sandbox.errors import SandboxError
+from spade_async.sandbox.runtime import Sandbox
 from spade_async.testing.fake_openai import FakeOpenAIServer
 
 CFG = SandboxConfig(slots=2, warm_workers=2, call_timeout_s=3.0)
@@ -454,9 +455,10 @@ async def test_daemon_plays_a_job_at_its_params_hinted_too(fake, tmp_path):
     one), so the hint belongs to the episode that is played."""
     from test_daemon import _config
 
-    from spade_async.core.spool import FileSpool
-    from spade_async.corpus import CorpusSampler
-    from spade_async.loop.daemon import Daemon, PlayJob
+    from spade_async.core.spool.files import FileSpool
+    from spade_async.corpus.sampler import CorpusSampler
+    from spade_async.loop.daemon import Daemon
+    from spade_async.loop.jobs import PlayJob
     from spade_async.testing.memory import DictMemory
 
     server, chat = fake
@@ -467,8 +469,8 @@ async def test_daemon_plays_a_job_at_its_params_hinted_too(fake, tmp_path):
                         spool=FileSpool(tmp_path / "spool", writer=True), corpus=sampler,
                         chat=chat, run_dir=tmp_path / "run")
         job = PlayJob("e1", KNOBS, "adder", None, params={"digits": 4})
-        varied = await daemon._episode_once(job, True, 0, "policy", 0)
-        plain = await daemon._episode_once(PlayJob("e1", KNOBS, "adder", None), True, 0,
+        varied = await daemon.player.episode_once(job, True, 0, "policy", 0)
+        plain = await daemon.player.episode_once(PlayJob("e1", KNOBS, "adder", None), True, 0,
                                            "policy", 0)
     assert varied.error is None and plain.error is None, (varied.error, plain.error)
     a, b = (int(w) for w in varied.first_observation.rstrip(".").split()[1::2])

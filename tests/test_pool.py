@@ -6,11 +6,8 @@ import anyio
 import pytest
 
 from spade_async.core.config import EndpointConfig, PoolConfig
-from spade_async.inference.pool import (
-    EndpointPool,
-    EndpointRequestError,
-    EndpointUnavailable,
-)
+from spade_async.inference.errors import EndpointRequestError, EndpointUnavailable
+from spade_async.inference.pool import EndpointPool
 from spade_async.testing.fake_openai import FakeOpenAIServer
 
 FAST = PoolConfig(

@@ -11,19 +11,18 @@ import httpx
 import pytest
 
 from spade_async.core.config import EndpointConfig, PoolConfig
-from spade_async.inference.pool import (
+from spade_async.inference.endpoint import Endpoint as _Endpoint
+from spade_async.inference.errors import (
     EndpointConnectionError,
     EndpointDeadlineExceeded,
     EndpointError,
     EndpointMalformedResponse,
-    EndpointPool,
     EndpointServerError,
     EndpointTimeout,
     NoEndpointUp,
-    SpeedMeter,
-    Work,
-    _Endpoint,
 )
+from spade_async.inference.pool import EndpointPool
+from spade_async.inference.speed import SpeedMeter, Work
 from spade_async.testing.fake_openai import FakeOpenAIServer
 
 FAST = PoolConfig(max_attempts=3, backoff_initial_s=0.01, backoff_max_s=0.02,

@@ -18,7 +18,8 @@ from memory_db.config import MemoryConfig
 from memory_db.records import NewEnv
 from memory_db.store import open_memory
 from spade_async.cli import app
-from spade_async.report import PLOTS, diversity_curve, pca_2d, rolling_mean
+from spade_async.report.curves import diversity_curve, pca_2d, rolling_mean
+from spade_async.report.figures import PLOTS
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

@@ -20,7 +20,8 @@ import pytest
 
 from spade_async.core.config import SandboxConfig
 from spade_async.envs.validate import validate
-from spade_async.sandbox.runtime import EnvException, Sandbox, SandboxError
+from spade_async.sandbox.errors import EnvException, SandboxError
+from spade_async.sandbox.runtime import Sandbox
 
 CFG = SandboxConfig(slots=2, warm_workers=1, call_timeout_s=3.0, load_timeout_s=5.0)
 

@@ -38,7 +38,8 @@ from spade_async.envs import contract
 from spade_async.envs.contract import episode_score
 from spade_async.envs.validate import validate
 from spade_async.inference.pool import EndpointPool
-from spade_async.sandbox.runtime import EnvSession, Sandbox
+from spade_async.sandbox.runtime import Sandbox
+from spade_async.sandbox.session import EnvSession
 from spade_async.testing.scripted import ENV_CODE
 
 SEEDS_DIR = Path(__file__).resolve().parents[1] / "spade_async" / "envs" / "seeds"

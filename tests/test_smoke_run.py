@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from spade_async.inference.launch import free_port as _free_port
-from spade_async.report import PLOTS
+from spade_async.report.figures import PLOTS
 
 REPO = Path(__file__).resolve().parents[1]
 LIMIT_S = 1500  # the run takes ~4 minutes here; this only bounds a hang

@@ -17,15 +17,14 @@ import pyarrow as pa
 import pytest
 from structlog.testing import capture_logs
 
-from spade_async.core.spool import (
+from spade_async.core.spool.batch import (
     BATCH_SCHEMA,
     SCHEMA_VERSION,
-    FileSpool,
     Sample,
     SampleError,
     SpoolError,
-    SpoolLockedError,
 )
+from spade_async.core.spool.files import FileSpool, SpoolLockedError
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -294,7 +293,7 @@ def _read_line(proc: subprocess.Popen[str], guard_s: float = 120) -> str:
 def test_second_writer_in_another_process_is_refused(tmp_path):
     code = """
         import sys
-        from spade_async.core.spool import FileSpool
+        from spade_async.core.spool.files import FileSpool
         spool = FileSpool(sys.argv[1], writer=True)
         print("locked", flush=True)
         sys.stdin.read()
@@ -316,7 +315,7 @@ def test_second_writer_in_another_process_is_refused(tmp_path):
 _CRASHING_WRITER = """
 import os, sys, time
 import numpy as np
-from spade_async.core import spool as sp
+from spade_async.core.spool import files as sp
 
 directory, point = sys.argv[1], sys.argv[2]
 writer = sp.FileSpool(directory, writer=True)
@@ -400,7 +399,7 @@ def test_reader_in_this_process_sees_only_whole_batches_of_a_live_writer(tmp_pat
     code = """
         import sys
         from tests.test_spool import make_sample
-        from spade_async.core.spool import FileSpool
+        from spade_async.core.spool.files import FileSpool
         with FileSpool(sys.argv[1], writer=True) as spool:
             for b in range(1, int(sys.argv[2]) + 1):
                 spool.write([make_sample(i, 64 * b, seed=b) for i in range(b)])

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from spade_async.bench.trainer import PlainHF, _samples
-from spade_async.core.trainer_config import TrainerConfig
+from spade_async.core.config.trainer import TrainerConfig
 from trainer.loop import StepRunner
 from trainer.parallel import process_group
 from trainer.testing import tiny_llama, write_config

@@ -10,7 +10,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from spade_async.core.config import EndpointConfig, PoolConfig, SpadeConfig, VllmNcclSwap
-from spade_async.core.trainer_config import TrainerConfig
+from spade_async.core.config.trainer import TrainerConfig
 from spade_async.inference.launch import free_port as _free_port
 from spade_async.inference.pool import EndpointPool
 from spade_async.testing.fake_openai import FakeOpenAIServer, FakeState

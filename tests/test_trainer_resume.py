@@ -16,7 +16,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from spade_async.core.spool import FileSpool
+from spade_async.core.spool.files import FileSpool
 from spade_async.testing.fake_openai import FakeOpenAIServer
 from trainer.testing import tiny_llama, write_batches, write_config, write_trainer_config
 

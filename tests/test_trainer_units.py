@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from spade_async.core.config import EndpointConfig, SpadeConfig, VllmLoraSwap, VllmReloadSwap
-from spade_async.core.spool import FileSpool
-from spade_async.core.trainer_config import TrainerConfig, TrainerConfigError, load_trainer_config
+from spade_async.core.config.trainer import TrainerConfig, TrainerConfigError, load_trainer_config
+from spade_async.core.spool.files import FileSpool
 from trainer.checkpoint import TrainerState
 from trainer.data import collate, micro_batches, select_samples, split_across_ranks
 from trainer.loss import LossConfig, StepMetrics, policy_loss

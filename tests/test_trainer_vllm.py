@@ -24,7 +24,8 @@ import torch
 from transformers import AutoTokenizer
 
 from spade_async.core.config import EndpointConfig, PoolConfig, VllmReloadSwap
-from spade_async.core.spool import FileSpool, Sample
+from spade_async.core.spool.batch import Sample
+from spade_async.core.spool.files import FileSpool
 from spade_async.inference.pool import EndpointPool
 from trainer.data import collate, select_samples
 from trainer.model import PolicyModel, load_policy

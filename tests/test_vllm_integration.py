@@ -15,7 +15,8 @@ from typer.testing import CliRunner
 
 from spade_async.cli import app
 from spade_async.core.config import EndpointConfig, PoolConfig, VllmLoraSwap, VllmReloadSwap
-from spade_async.inference.pool import EndpointPool, EndpointRequestError
+from spade_async.inference.errors import EndpointRequestError
+from spade_async.inference.pool import EndpointPool
 from trainer.swap import LoraSwapper, ReloadSwapper, SwapError
 
 pytestmark = pytest.mark.slow

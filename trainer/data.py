@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from spade_async.core.spool import Batch
+from spade_async.core.spool.batch import Batch
 
 
 @dataclass(frozen=True)

@@ -18,8 +18,8 @@ import sys
 from pathlib import Path
 
 from spade_async.core.config import ConfigError, load_config
+from spade_async.core.config.trainer import TrainerConfigError, load_trainer_config
 from spade_async.core.logs import configure_logging, get_logger
-from spade_async.core.trainer_config import TrainerConfigError, load_trainer_config
 
 log = get_logger("trainer.launcher")
 

@@ -28,10 +28,11 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 from spade_async.core.config import SpadeConfig, checkpoint_dir
+from spade_async.core.config.trainer import TrainerConfig, trainer_root
 from spade_async.core.io import fsync_dir
 from spade_async.core.logs import get_logger
-from spade_async.core.spool import Batch, FileSpool, SpoolError
-from spade_async.core.trainer_config import TrainerConfig, trainer_root
+from spade_async.core.spool.batch import Batch, SpoolError
+from spade_async.core.spool.files import FileSpool
 from trainer.checkpoint import Checkpointer, TrainerState
 from trainer.data import (
     Selection,

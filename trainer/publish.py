@@ -26,11 +26,12 @@ import anyio
 from anyio.from_thread import start_blocking_portal
 
 from spade_async.core.config import EndpointConfig, SpadeConfig
+from spade_async.core.config.trainer import TrainerConfig
 from spade_async.core.io import atomic_write_json
 from spade_async.core.logs import get_logger
 from spade_async.core.policy import CURRENT
-from spade_async.core.trainer_config import TrainerConfig
-from spade_async.inference.pool import EndpointError, EndpointPool
+from spade_async.inference.errors import EndpointError
+from spade_async.inference.pool import EndpointPool
 from trainer.swap import (
     LoraSwapper,
     NcclSwapper,

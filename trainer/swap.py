@@ -24,13 +24,13 @@ import anyio
 import httpx
 
 from spade_async.core.logs import get_logger
-from spade_async.inference.pool import (
+from spade_async.inference.errors import (
     EndpointConnectionError,
     EndpointError,
-    EndpointPool,
     EndpointRequestError,
     EndpointUnavailable,
 )
+from spade_async.inference.pool import EndpointPool
 
 log = get_logger("swap")
 

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
-from spade_async.core.spool import FileSpool, Sample
+from spade_async.core.spool.batch import Sample
+from spade_async.core.spool.files import FileSpool
 
 
 def tiny_llama(out: Path, *, vocab: int = 256, hidden: int = 64, layers: int = 2,

@@ -23,9 +23,11 @@ from typing import Any
 import anyio
 
 from spade_async.inference.chat_tokens import ChatTokens
-from spade_async.inference.pool import EndpointError, EndpointPool
+from spade_async.inference.errors import EndpointError
+from spade_async.inference.pool import EndpointPool
 from spade_async.rollout.episode import Episode, play_in_sandbox
-from spade_async.sandbox.runtime import Sandbox, SandboxError
+from spade_async.sandbox.errors import SandboxError
+from spade_async.sandbox.runtime import Sandbox
 
 SEEDS_DIR = Path(__file__).resolve().parents[1] / "envs" / "seeds"
 EPISODE_SEED_BASE = 10_000  # episode seeds, away from the validator's (0, 1, 2)

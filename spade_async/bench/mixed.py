@@ -35,8 +35,8 @@ from spade_async.core.config import (
     SandboxConfig,
     SpadeConfig,
 )
-from spade_async.core.corpus_config import CorpusConfig, JsonlSourceConfig
-from spade_async.corpus import CorpusSampler
+from spade_async.core.config.corpus import CorpusConfig, JsonlSourceConfig
+from spade_async.corpus.sampler import CorpusSampler
 from spade_async.inference.chat_tokens import ChatTokens
 from spade_async.inference.pool import EndpointPool
 
@@ -66,7 +66,7 @@ def _corpus(path: Path, n: int) -> None:
 async def _daemon_window(cfg: SpadeConfig, chat: ChatTokens, warmup_s: float, window_s: float,
                          latency: tuple[float, float],
                          progress: Callable[[str], None]) -> dict[str, Any]:
-    from spade_async.core.spool import FileSpool
+    from spade_async.core.spool.files import FileSpool
     from spade_async.loop.daemon import Daemon
     from spade_async.memory.port import open_memory
     from spade_async.sandbox.runtime import Sandbox

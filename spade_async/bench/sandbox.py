@@ -20,7 +20,9 @@ from typing import Any
 import anyio
 
 from spade_async.core.config import SandboxConfig
-from spade_async.sandbox.runtime import Sandbox, Worker, reap_sandbox_orphans
+from spade_async.sandbox.reaper import reap_sandbox_orphans
+from spade_async.sandbox.runtime import Sandbox
+from spade_async.sandbox.worker import Worker
 
 SEEDS = Path(__file__).resolve().parents[1] / "envs" / "seeds"
 STEP_ENV = """

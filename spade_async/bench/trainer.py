@@ -40,7 +40,7 @@ from spade_async.core.config import (
 
 
 def _samples(model_dir: Path, n: int, length: tuple[int, int], seed: int) -> list[Any]:
-    from spade_async.core.spool import FileSpool
+    from spade_async.core.spool.files import FileSpool
     from trainer.data import select_samples
     from trainer.testing import synthetic_sample
 

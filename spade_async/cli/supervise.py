@@ -143,10 +143,11 @@ def main(argv: list[str] | None = None) -> int:
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if not cmd:
         ap.error("give the command to run after --")
-    from spade_async.core.config import ConfigError, load_config, run_dir
+    from spade_async.core.config import ConfigError, run_dir
+    from spade_async.envs.seed_checks import load_checked_config
 
     try:
-        rdir = run_dir(load_config(args.config))
+        rdir = run_dir(load_checked_config(args.config))
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -9,6 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from spade_async.core.io import atomic_write_json
+from spade_async.core.logs import get_logger
+
+log = get_logger("policy")
 
 CURRENT = "current.json"
 
@@ -32,3 +35,25 @@ def read_current(data_dir: Path) -> dict[str, Any] | None:
 
 def write_current(data_dir: Path, record: dict[str, Any]) -> None:
     atomic_write_json(current_path(data_dir), record)
+
+
+class PolicyVersion:
+    """The newest published policy, as `refresh()` last read it: `version` and the `model` name
+    requests use (absent record: version 0, `base_model`). Versions only go forward."""
+
+    def __init__(self, path: Path, base_model: str) -> None:
+        self.path, self.base_model = path, base_model
+        self.version, self.model = 0, base_model
+
+    def refresh(self) -> bool:
+        """Read the record again; True when it names a newer version."""
+        try:
+            data = json.loads(self.path.read_text())
+            version, model = int(data["version"]), str(data.get("model") or self.base_model)
+        except (OSError, ValueError, KeyError, TypeError):
+            return False
+        if version > self.version:
+            self.version, self.model = version, model
+            log.info("policy_version", version=version, model=model)
+            return True
+        return False

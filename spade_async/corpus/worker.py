@@ -3,7 +3,7 @@ interpreter whose standard library is the corpus, so standard library only): mod
 fd 0, one JSON reply per module on a duplicate of fd 1 (its docstrings, public classes and
 functions with their signatures and docstrings, and its submodules). The real fds 0-2 point at
 /dev/null so a module that prints or reads at import cannot corrupt the protocol. A module that
-crashes or hangs it costs only itself: the parent (corpus._ImportWorker) starts another."""
+crashes or hangs it costs only itself: the parent (corpus.stdlib._ImportWorker) starts another."""
 
 import importlib
 import inspect

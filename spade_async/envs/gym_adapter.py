@@ -22,7 +22,8 @@ from anyio.from_thread import BlockingPortal
 from gymnasium import spaces
 
 from spade_async.core.config import SandboxConfig
-from spade_async.sandbox.runtime import EnvSession, Sandbox
+from spade_async.sandbox.runtime import Sandbox
+from spade_async.sandbox.session import EnvSession
 
 # Text spaces need an explicit alphabet: printable ASCII plus the Latin-1 and general
 # punctuation ranges environments actually print. Other characters are shown as U+FFFD.

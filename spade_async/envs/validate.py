@@ -38,7 +38,9 @@ from spade_async.envs.contract import (  # noqa: F401 (declared_params: used fro
     resolve_params,
 )
 from spade_async.envs.hint_leak import answer_prefixes, leak_policies
-from spade_async.sandbox.runtime import EnvSession, Sandbox, SandboxError, WorkerStartError
+from spade_async.sandbox.errors import SandboxError, WorkerStartError
+from spade_async.sandbox.runtime import Sandbox
+from spade_async.sandbox.session import EnvSession
 
 FORBIDDEN_NAMES = frozenset(
     "__import__ eval exec compile open input breakpoint globals locals vars memoryview help "

@@ -23,7 +23,8 @@ import anyio
 from spade_async.core.io import append_jsonl, atomic_write_text, read_jsonl
 from spade_async.core.logs import get_logger
 from spade_async.inference.chat_tokens import ChatTokens
-from spade_async.inference.pool import EndpointError, EndpointPool
+from spade_async.inference.errors import EndpointError
+from spade_async.inference.pool import EndpointPool
 
 if TYPE_CHECKING:
     pass

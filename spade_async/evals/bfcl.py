@@ -40,7 +40,7 @@ from spade_async.core.config import RolloutConfig
 from spade_async.envs.contract import EnvMeta, ResetResult, StepResult, parse_tool_call
 from spade_async.evals.base import EvalPolicy, EvalTask, TaskResult
 from spade_async.rollout.episode import Episode
-from spade_async.sandbox.runtime import EnvException, SandboxError
+from spade_async.sandbox.errors import EnvException, SandboxError
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_PYTHON = REPO / ".venv-bfcl" / "bin" / "python"

@@ -87,7 +87,7 @@ class ProbeSuite:
         return []
 
     async def run_task(self, task: EvalTask, policy: EvalPolicy) -> TaskResult:
-        from spade_async.sandbox.runtime import SandboxError
+        from spade_async.sandbox.errors import SandboxError
 
         if self.sandbox is None:
             raise RuntimeError("use `async with ProbeSuite(...)` around the run: it needs a "

@@ -22,9 +22,9 @@ from typing import Any, TypeVar
 import anyio
 
 from spade_async.core.logs import get_logger
-from spade_async.inference.pool import EndpointError
+from spade_async.inference.errors import EndpointError
 from spade_async.loop.metrics import Metrics
-from spade_async.sandbox.runtime import SandboxError, WorkerStartError
+from spade_async.sandbox.errors import SandboxError, WorkerStartError
 
 log = get_logger("failures")
 T = TypeVar("T")

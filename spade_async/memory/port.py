@@ -1,4 +1,4 @@
-"""The daemon's view of the environment memory (`daemon.MemoryPort`) on `memory_db.EnvMemory`.
+"""The daemon's view of the environment memory (`loop.ports.MemoryPort`) on `memory_db.EnvMemory`.
 
 Maps a design's outcome to the memory's records: accepted (novel and valid), rejected with the
 validator's reason (invalid), or rejected as a near-copy of an accepted one (duplicate, the
@@ -21,8 +21,8 @@ from memory_db.store import EnvMemory
 from memory_db.store import open_memory as _open_memory
 from spade_async.core.config import SpadeConfig, memory_config
 from spade_async.envs.validate import ValidationReport
-from spade_async.loop.daemon import StoredEnv
-from spade_async.reward.regret import DesignStatus, EnvRegret
+from spade_async.loop.ports import StoredEnv
+from spade_async.reward.regret import DesignStatus
 
 _NAME = re.compile(r"""^\s*name\s*(?::\s*str\s*)?=\s*["']([^"']{1,80})["']""", re.M)
 _DESC = re.compile(r"""^\s*description\s*(?::\s*str\s*)?=\s*["']([^"']{1,400})""", re.M)
@@ -62,7 +62,6 @@ class LanceMemoryPort:
         return DesignStatus.INVALID, None, res.reason
 
     async def record_play(self, env_id: str, unhinted: list[float], hinted: list[float],
-                          regret: EnvRegret, replayed: bool,
                           params: dict[str, Any] | None = None,
                           hint_copies: list[float] | None = None,
                           sandbox_failures: int = 0) -> None:

@@ -27,8 +27,11 @@ from spade_async.envs.contract import (
 )
 from spade_async.envs.hint_leak import play_leak
 from spade_async.inference.chat_tokens import ChatTokens
-from spade_async.inference.pool import EndpointError, EndpointPool
-from spade_async.sandbox.runtime import EnvSession, Sandbox, SandboxError
+from spade_async.inference.errors import EndpointError
+from spade_async.inference.pool import EndpointPool
+from spade_async.sandbox.errors import SandboxError
+from spade_async.sandbox.runtime import Sandbox
+from spade_async.sandbox.session import EnvSession
 
 log = get_logger("episode")
 

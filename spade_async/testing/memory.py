@@ -8,7 +8,7 @@ import hashlib
 from dataclasses import dataclass, field
 
 from spade_async.envs.validate import ValidationReport
-from spade_async.loop.daemon import StoredEnv
+from spade_async.loop.ports import StoredEnv
 from spade_async.reward.regret import DesignStatus, EnvRegret
 
 
@@ -45,9 +45,9 @@ class DictMemory:
     async def record_failures(self, env_id, n, params=None):
         self.failures_recorded.append((env_id, n, dict(params or {})))
 
-    async def record_play(self, env_id, unhinted, hinted, regret, replayed, params=None,
-                          hint_copies=None, sandbox_failures=0):
-        self.plays.append((env_id, unhinted, hinted, regret, replayed))
+    async def record_play(self, env_id, unhinted, hinted, params=None, hint_copies=None,
+                          sandbox_failures=0):
+        self.plays.append((env_id, unhinted, hinted))
         self.sandbox_failures.append(sandbox_failures)
         self.params_played.append(dict(params or {}))
 
@@ -57,7 +57,7 @@ class DictMemory:
         from memory_db.schema import variant_id
 
         by: dict[str, list] = {}
-        for (eid, unhinted, hinted, _, _), params in zip(self.plays, self.params_played,
+        for (eid, unhinted, hinted), params in zip(self.plays, self.params_played,
                                                          strict=True):
             if eid == env_id:
                 by.setdefault(variant_id(eid, params), [params, [], []])

@@ -8,17 +8,17 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from spade_async.core.strict import Strict as _Strict
+from spade_async.core.strict import Strict
 
 
-class StdlibSourceConfig(_Strict):
+class StdlibSourceConfig(Strict):
     type: Literal["stdlib"] = "stdlib"
     min_doc_chars: int = Field(300, ge=0, description="modules with less docstring text are left out")
     include_submodules: bool = Field(True, description="walk packages into their submodules")
     import_timeout_s: float = Field(30.0, gt=0, description="deadline of one module's import")
 
 
-class JsonlSourceConfig(_Strict):
+class JsonlSourceConfig(Strict):
     type: Literal["jsonl"] = "jsonl"
     path: Path = Field(description="a .jsonl or .jsonl.gz file, one JSON object a line")
     text_field: str = Field("text", min_length=1)
@@ -26,7 +26,7 @@ class JsonlSourceConfig(_Strict):
     title_field: str | None = None
 
 
-class ParquetSourceConfig(_Strict):
+class ParquetSourceConfig(Strict):
     type: Literal["parquet"] = "parquet"
     path: Path = Field(description="a Parquet file, or a directory of them")
     text_column: str = Field("text", min_length=1)
@@ -35,13 +35,13 @@ class ParquetSourceConfig(_Strict):
     batch_size: int = Field(1024, ge=1, description="rows per record batch read")
 
 
-class TextDirSourceConfig(_Strict):
+class TextDirSourceConfig(Strict):
     type: Literal["textdir"] = "textdir"
     dir: Path
     glob: str = Field("**/*.txt|**/*.md", min_length=1, description="'|'-separated globs")
 
 
-class HFSourceConfig(_Strict):
+class HFSourceConfig(Strict):
     type: Literal["hf"] = "hf"
     name: str = Field(min_length=1, description="dataset repository, e.g. 'wikimedia/wikipedia'")
     split: str = "train"
@@ -59,7 +59,7 @@ SourceConfig = Annotated[
 ]
 
 
-class CorpusConfig(_Strict):
+class CorpusConfig(Strict):
     """Where designer documents come from and how they are cut and shuffled."""
 
     source: SourceConfig = Field(default_factory=StdlibSourceConfig)

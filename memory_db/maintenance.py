@@ -1,0 +1,84 @@
+"""The memory's upkeep, which the writer runs between batches: `optimize()` every
+`optimize_every_s` (compaction, pruning of old versions, folding new rows into the ANN index)
+and ANN index (re)training when the table grew enough, or long enough ago."""
+
+from __future__ import annotations
+
+import math
+import time
+from datetime import timedelta
+from typing import Any
+
+import anyio
+import structlog
+from lancedb.index import Bitmap, IvfPq
+
+from memory_db.config import MemoryConfig
+from memory_db.schema import Tables, write_meta
+
+log = structlog.get_logger(component="memory")
+
+
+class Maintenance:
+    """When upkeep is due and how it runs; `rows` is the writer's count of `envs` rows."""
+
+    def __init__(self, cfg: MemoryConfig, tables: Tables, dim: int) -> None:
+        self.cfg, self.t, self.dim = cfg, tables, dim
+        self.index_rows = int(tables.info.get("index_trained_rows", 0))
+        self.index_at = float(tables.info.get("index_trained_at", 0.0))
+        self.has_index = False  # the writer's load() finds out
+        self.next_optimize = time.monotonic() + cfg.optimize_every_s
+
+    def postpone(self) -> None:
+        """The next optimize() one period from now (after this one failed)."""
+        self.next_optimize = time.monotonic() + self.cfg.optimize_every_s
+
+    def index_due(self, rows: int) -> bool:
+        icfg = self.cfg.index
+        if not self.has_index:
+            return rows >= icfg.min_rows
+        grown = rows >= icfg.rebuild_growth * max(1, self.index_rows)
+        stale = time.time() - self.index_at >= icfg.rebuild_interval_s and rows > self.index_rows
+        return grown or stale
+
+    async def run(self, rows: int, *, optimize: bool, index: str) -> dict[str, Any]:
+        """index: "auto" (train when due), "force" (train now), "skip"."""
+        report: dict[str, Any] = {}
+        if index == "force" or (index == "auto" and self.index_due(rows)):
+            report["index"] = await self._train_index(rows)
+        if optimize:
+            t0 = time.perf_counter()
+            keep = timedelta(seconds=self.cfg.keep_versions_s)
+            for name, table in (("envs", self.t.envs), ("stats", self.t.stats),
+                                ("meta", self.t.meta)):
+                with anyio.fail_after(self.cfg.db_timeout_s):
+                    await table.optimize(cleanup_older_than=keep)
+                report.setdefault("optimized", []).append(name)
+            report["optimize_s"] = round(time.perf_counter() - t0, 3)
+            self.postpone()
+            log.info("memory_optimized", **report)
+        return report
+
+    async def _train_index(self, rows: int) -> dict[str, Any]:
+        icfg = self.cfg.index
+        sub = icfg.num_sub_vectors or (self.dim // 8 if self.dim % 8 == 0 else 1)
+        # sqrt(rows) partitions, the usual IVF heuristic (what LanceDB documents as its default)
+        partitions = icfg.num_partitions or max(1, round(math.sqrt(rows)))
+        config = IvfPq(distance_type="cosine", num_sub_vectors=sub, num_partitions=partitions)
+        t0 = time.perf_counter()
+        with anyio.fail_after(icfg.build_timeout_s):
+            await self.t.envs.create_index("embedding", config=config, replace=True)
+            # the status filter of searches and novelty checks: a bitmap, kept current by
+            # optimize() like the vector index
+            await self.t.envs.create_index("status", config=Bitmap(), replace=True)
+        seconds = time.perf_counter() - t0
+        self.has_index, self.index_rows, self.index_at = True, rows, time.time()
+        with anyio.fail_after(self.cfg.db_timeout_s):
+            await write_meta(self.t.meta, {"index_trained_rows": rows,
+                                           "index_trained_at": self.index_at,
+                                           "index_type": "IVF_PQ", "index_sub_vectors": sub,
+                                           "index_partitions": partitions})
+        log.info("memory_index_trained", rows=rows, seconds=round(seconds, 2), sub_vectors=sub,
+                 partitions=partitions)
+        return {"rows": rows, "seconds": round(seconds, 3), "type": "IVF_PQ", "sub_vectors": sub,
+                "partitions": partitions}

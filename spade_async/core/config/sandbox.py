@@ -1,0 +1,47 @@
+"""Where generated environment code runs and the acceptance checks it must pass there."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+
+from spade_async.core.strict import Strict
+
+
+class SandboxConfig(Strict):
+    """Where generated environment code runs (DESIGN §4). Every layer is on by default."""
+
+    isolation: Literal["auto", "bwrap", "unshare", "none"] = Field(
+        "auto", description="auto = bwrap, else unshare (root); 'none' runs unisolated, loudly"
+    )
+    python: Path | None = Field(None, description="interpreter for workers; default: the "
+                                "base interpreter of this Python (never a venv's)")
+    slots: int = Field(8, ge=1, le=512, description="environment instances alive at once")
+    warm_workers: int = Field(4, ge=0, description="pre-started workers waiting for a load")
+    uid_base: int = Field(61000, ge=1000, description="slot i runs as uid/gid uid_base + i")
+    load_timeout_s: float = Field(10.0, gt=0, description="deadline of load (exec of the module)")
+    call_timeout_s: float = Field(5.0, gt=0, description="deadline of one reset/step/hint call")
+    start_timeout_s: float = Field(10.0, gt=0, description="deadline for a worker to be ready")
+    max_response_bytes: int = Field(1 << 20, ge=4096, description="cap on one reply's size")
+    address_space_mb: int = Field(1024, ge=64, description="RLIMIT_AS per worker process")
+    memory_mb: int = Field(512, ge=32, description="cgroup memory limit per slot (with /tmp)")
+    cpu_seconds: int = Field(60, ge=1, description="RLIMIT_CPU per worker (a whole episode)")
+    file_size_mb: int = Field(8, ge=1, description="RLIMIT_FSIZE")
+    tmp_size_mb: int = Field(16, ge=1, description="size of the private /tmp")
+    open_files: int = Field(64, ge=16, description="RLIMIT_NOFILE")
+    processes: int = Field(16, ge=2, description="RLIMIT_NPROC per slot uid, cgroup pids.max")
+    max_code_bytes: int = Field(64_000, ge=1000, description="static check: module size limit")
+
+
+class ValidationConfig(Strict):
+    """The acceptance checks of DESIGN §3 run on every proposed environment."""
+
+    seeds: list[int] = Field([0, 1, 2], min_length=1, description="seeds for every sandbox check")
+    extreme_seeds: int = Field(1, ge=1, description="how many of `seeds` the checks use at an "
+                               "environment's knob extremes (all of them at the defaults and at a "
+                               "proposed variant): up to 16 extra points, so they cost ~1/3 each")
+    exploit_threshold: float = Field(0.5, gt=0, le=1, description="a probe policy scoring this "
+                                     "much means the environment is trivially exploitable")
+    solution_score: float = Field(1.0, gt=0, le=1, description="score the solution must reach")

@@ -1,0 +1,151 @@
+"""What every stage of the loop shares: the config and the components it was given (endpoint
+pool, sandbox, memory, chat tokens), the policy version, the counters and the failure ledger,
+the admission, the run's logs, and the stop signal. Stages hold one `LoopContext` and nothing
+of each other's state."""
+
+from __future__ import annotations
+
+import random
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from spade_async.core.config import SpadeConfig
+from spade_async.core.io import append_jsonl
+from spade_async.core.logs import get_logger
+from spade_async.core.policy import PolicyVersion, current_path
+from spade_async.core.spool.base import BatchSpool
+from spade_async.envs.contract import EnvMeta
+from spade_async.envs.validate import ValidationReport, validate
+from spade_async.inference.chat_tokens import ChatTokens
+from spade_async.inference.pool import EndpointPool
+from spade_async.inference.roles import ROLES, role_route
+from spade_async.loop.admission import Admission, Stream, StreamPool
+from spade_async.loop.failures import Failures
+from spade_async.loop.metrics import Metrics
+from spade_async.loop.ports import MemoryPort
+from spade_async.sandbox.runtime import Sandbox
+
+log = get_logger("daemon")
+
+# Failures that mean "the endpoint is not there" rather than "it failed this request": the
+# work is waited out (with back-off) instead of using up its retry budget.
+OUTAGE = frozenset({"no_endpoint", "connection", "model_not_served"})
+
+
+class LoopContext:
+    def __init__(self, cfg: SpadeConfig, *, pool: EndpointPool, sandbox: Sandbox,
+                 memory: MemoryPort, spool: BatchSpool, chat: ChatTokens,
+                 run_dir: Path) -> None:
+        self.cfg, self.pool, self.sandbox, self.memory = cfg, pool, sandbox, memory
+        self.spool, self.chat, self.run_dir = spool, chat, run_dir
+        self.policy = PolicyVersion(current_path(cfg.paths.data_dir), cfg.model.served_name)
+        self.counters: Counter[str] = Counter()
+        self.reasons: Counter[str] = Counter()  # rejection reasons of designs
+        self.in_flight: Counter[str] = Counter()  # designs, validations, episodes, evals
+        self.regrets: list[float] = []
+        self.iterations = 0  # documents (or edit groups; fixed mode: plays) through every stage
+        self.rng = random.Random(cfg.corpus.seed)
+        self.metrics = Metrics()
+        self.failures = Failures(run_dir, self.metrics)
+        # who designs, plays and evaluates where, and by which path (DESIGN §5)
+        self.routes = {r: role_route(cfg, r) for r in ROLES}
+        self.stop_requested = anyio.Event()  # the CLI starts its drain deadline on it
+        self.stop_reason: str | None = None
+        self.start_version = 0
+        self.waiting_for_trainer = False
+        self.queue_depth = lambda: 0  # plays waiting in the env stream (set by the daemon)
+        self._metas: dict[str, EnvMeta] = {}  # env id -> what it says about itself (knobs)
+        # how much is in flight: sized to the endpoints' capacity (spade_async.loop.admission)
+        dcfg = cfg.daemon
+        self.admission = Admission(
+            pool, agent_group=self.routes["agent"].group,
+            designer_group=self.routes["designer"].group, sandbox_slots=cfg.sandbox.slots,
+            max_documents=dcfg.documents_in_flight, max_plays=dcfg.envs_in_flight,
+            queue_size=dcfg.env_queue, plays_queued=lambda: self.queue_depth())
+
+    # ---- stopping --------------------------------------------------------------------------
+
+    @property
+    def stopping(self) -> bool:
+        return self.stop_requested.is_set()
+
+    def stop(self, reason: str = "signal") -> None:
+        """Finish the documents in flight, then return (SIGTERM/SIGINT, or a bounded run)."""
+        if not self.stopping:
+            self.stop_reason = reason
+            self.stop_requested.set()
+
+    def sampled_with(self, version: int, *, episode: bool) -> None:
+        """An agent episode (or, while there has been nothing to play, a design) finished on
+        `version`: a bounded run may be done."""
+        n = self.cfg.daemon.stop_after_versions
+        nothing_to_play = not (self.counters["replays"] or self.counters["designs_accepted"])
+        if (n and not self.stopping and version >= self.start_version + n
+                and (episode or nothing_to_play)):
+            log.info("stop_after_versions_reached", version=version,
+                     start_version=self.start_version, stop_after_versions=n)
+            self.stop("stop_after_versions")
+
+    async def pause(self, seconds: float) -> None:
+        """A back-off that a stop cuts short."""
+        end = time.monotonic() + seconds
+        while not self.stopping and time.monotonic() < end:
+            await anyio.sleep(min(0.2, end - time.monotonic()))
+
+    # ---- shared operations -----------------------------------------------------------------
+
+    def pool_for(self, stream: Stream | None) -> Any:
+        """The pool for one admitted stream's requests (its first marks it started)."""
+        return self.pool if stream is None else StreamPool(self.pool, stream)
+
+    async def validate(self, code: str, params: dict[str, Any] | None = None,
+                       **context: Any) -> ValidationReport:
+        """The validation pipeline (at `params` only, for an edit's variant); a sandbox
+        worker that did not start is the host's fault, not the design's, and is tried again
+        (`daemon.item_attempts`)."""
+        self.in_flight["validations"] += 1
+        try:
+            return await self.failures.retrying(
+                "validation", lambda: validate(code, self.sandbox, self.cfg.validation,
+                                               params=params),
+                attempts=self.cfg.daemon.item_attempts, **context)
+        finally:
+            self.in_flight["validations"] -= 1
+
+    async def memory_op(self, call: Any, **context: Any) -> Any:
+        """A memory operation, tried again on I/O failure (each is idempotent: inserts are
+        keyed by the code's hash)."""
+        return await self.failures.retrying("memory", call,
+                                            attempts=self.cfg.daemon.item_attempts, **context)
+
+    async def meta(self, env_id: str, code: str) -> EnvMeta:
+        """What a stored environment says about itself (its knobs), loaded in the sandbox
+        once per daemon."""
+        meta = self._metas.get(env_id)
+        if meta is None:
+            async def load() -> EnvMeta:
+                async with self.sandbox.open(code) as env:
+                    return env.meta
+
+            meta = await self.failures.retrying("load", load,
+                                                attempts=self.cfg.daemon.item_attempts,
+                                                env_id=env_id)
+            self._metas[env_id] = meta
+        return meta
+
+    def known_meta(self, env_id: str) -> EnvMeta | None:
+        return self._metas.get(env_id)
+
+    async def append(self, log_name: str, record: dict[str, Any]) -> None:
+        """One line of <run_dir>/{designs,episodes,plays}.jsonl: what `spade report` plots."""
+        await anyio.to_thread.run_sync(append_jsonl, self.run_dir / f"{log_name}.jsonl", record)
+
+    def rejected(self, reason: str) -> None:
+        """A design refused: counted by the first part of its reason."""
+        key = reason.split(":")[0] if reason else "unknown"
+        self.reasons[key] += 1
+        self.metrics.rejections.labels(key).inc()

@@ -1,0 +1,85 @@
+"""A run's records, read from what the processes already write, so it works on a live run or a
+finished one:
+  <data_dir>/run/designs.jsonl     one line per design: time, status, rejection reason, version
+  <data_dir>/run/episodes.jsonl    one line per episode: time, hinted, score, version
+  <data_dir>/run/plays.jsonl       one line per played environment: regret, hinted/unhinted means
+  the memory (LanceDB)             every stored environment, its embedding and regret stats
+  <trainer root>/metrics.jsonl     one line per trainer step: loss, log-prob mismatch, version
+  <data_dir>/eval/results.jsonl    evaluation scores per policy version (`spade eval`): the
+                                   held-out suites, and the probe's solve rate on fixed training
+                                   variants (with its 95% Wilson interval)
+The designer's moves (write / edit, DESIGN §12) and the curriculum its edits set per family come
+from the `move`, `family`/`name`, `params` and `variant_id` fields of designs.jsonl and
+plays.jsonl (the numbers: curriculum.py); records written before those fields existed count as
+writes (or replays).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from spade_async.core.config import SpadeConfig, run_dir
+from spade_async.core.io import read_jsonl
+
+
+@dataclass
+class RunData:
+    designs: list[dict] = field(default_factory=list)
+    episodes: list[dict] = field(default_factory=list)
+    plays: list[dict] = field(default_factory=list)
+    envs: list[dict] = field(default_factory=list)  # memory export, with embeddings
+    steps: list[dict] = field(default_factory=list)
+    evals: list[dict] = field(default_factory=list)
+    memory_error: str | None = None
+
+    @property
+    def t0(self) -> float:
+        times = [float(r["time"]) for src in (self.designs, self.episodes, self.plays, self.steps)
+                 for r in src if "time" in r]
+        return min(times) if times else 0.0
+
+
+def load_run(cfg: SpadeConfig) -> RunData:
+    from spade_async.core.config.trainer import trainer_root
+    from spade_async.evals.base import load_results
+
+    rdir = run_dir(cfg)
+    data = RunData(designs=read_jsonl(rdir / "designs.jsonl"),
+                   episodes=[e for e in read_jsonl(rdir / "episodes.jsonl") if "time" in e],
+                   plays=read_jsonl(rdir / "plays.jsonl"),
+                   steps=[s for s in read_jsonl(trainer_root(cfg, cfg.trainer) / "metrics.jsonl")
+                          if s.get("event") == "step"],
+                   # the policy's versions; an external model's scores (spade eval --model)
+                   # are no point on its curve
+                   evals=[r for r in load_results(cfg.paths.data_dir) if not r.get("external")])
+    try:
+        data.envs = _memory_rows(cfg)
+    except Exception as exc:  # a report without the memory is still a report
+        data.memory_error = f"{type(exc).__name__}: {exc}"
+    return data
+
+
+def _memory_rows(cfg: SpadeConfig) -> list[dict]:
+    import anyio
+
+    from memory_db.store import EnvMemory
+    from spade_async.core.config import memory_config
+
+    mcfg, uri = memory_config(cfg)
+    if "://" not in uri and not Path(uri).is_dir():
+        return []
+
+    async def main() -> list[dict]:
+        mem = EnvMemory(mcfg, uri, writable=False)
+        await mem.open()
+        return [r async for r in mem.export(code=False, embeddings=True)]
+
+    return anyio.run(main)
+
+
+def design_outcome(design: dict) -> str:
+    """A design's outcome: "accepted", or the reason it was rejected."""
+    if design.get("status") == "accepted":
+        return "accepted"
+    return design.get("reason") or design.get("status") or "rejected"
