@@ -11,7 +11,7 @@ from spade_async.core.logs import configure_logging
 from spade_async.inference.chat_tokens import ChatTokens
 from spade_async.inference.launch import REPO, InferenceProcess, LaunchError, start_inference
 from spade_async.inference.launch import free_port as _free_port
-from spade_async.testing.fake_openai import FakeOpenAIServer
+from spade_async.testing.fake.server import FakeOpenAIServer
 from spade_async.testing.scripted import Script
 
 configure_logging("info", json=False, force=True)  # logs to stderr, never into --json stdout

@@ -24,7 +24,7 @@ from spade_async.inference.pool import EndpointPool
 from spade_async.loop.admission import Admission
 from spade_async.loop.daemon import Daemon
 from spade_async.sandbox.runtime import Sandbox
-from spade_async.testing.fake_openai import FakeOpenAIServer
+from spade_async.testing.fake.server import FakeOpenAIServer
 from spade_async.testing.memory import DictMemory
 from spade_async.testing.scripted import Script
 

@@ -233,8 +233,8 @@ def test_full_weight_exports_use_the_serving_dtype(tmp_path):
 
 
 def test_the_step_runner_computes_as_resolved(tmp_path):
-    from trainer.loop import StepRunner
     from trainer.parallel import process_group
+    from trainer.step import StepRunner
     from trainer.testing import tiny_llama
 
     tiny = tiny_llama(tmp_path / "tiny")

@@ -24,7 +24,7 @@ from spade_async.core.config.corpus import CorpusConfig, JsonlSourceConfig
 from spade_async.core.spool.files import FileSpool
 from spade_async.corpus.sampler import CorpusSampler
 from spade_async.design.edit import candidate_params, edit_messages, propose_edit, render_params
-from spade_async.envs.contract import check_params_schema, resolve_params
+from spade_async.envs.knobs import check_params_schema, resolve_params
 from spade_async.inference.constrained import TokenBytes
 from spade_async.inference.pool import EndpointPool
 from spade_async.loop.daemon import Daemon

@@ -28,7 +28,7 @@ from spade_async.core.spool.batch import Sample
 from spade_async.core.spool.files import FileSpool
 from spade_async.corpus.sampler import CorpusSampler
 from spade_async.design.edit import candidate_params, propose_edit
-from spade_async.envs.contract import check_params_schema, resolve_params
+from spade_async.envs.knobs import check_params_schema, resolve_params
 from spade_async.envs.validate import validate
 from spade_async.inference.constrained import TokenBytes
 from spade_async.inference.pool import EndpointPool

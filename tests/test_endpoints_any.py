@@ -22,7 +22,8 @@ from spade_async.evals.run import evaluate_version
 from spade_async.inference.errors import EndpointCapabilityError, EndpointServerError, retry_after_s
 from spade_async.inference.pool import EndpointPool
 from spade_async.inference.roles import RoleCapabilityError, check_roles
-from spade_async.testing.fake_openai import FakeOpenAIServer, FakeState
+from spade_async.testing.fake.server import FakeOpenAIServer
+from spade_async.testing.fake.state import FakeState
 from spade_async.testing.scripted import ENV_CODE
 
 REPO = Path(__file__).resolve().parents[1]

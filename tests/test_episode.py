@@ -12,7 +12,7 @@ from spade_async.inference.chat_tokens import ChatTokens
 from spade_async.inference.pool import EndpointPool
 from spade_async.rollout.episode import agent_system_prompt, run_episode, to_action
 from spade_async.sandbox.runtime import Sandbox
-from spade_async.testing.fake_openai import FakeOpenAIServer
+from spade_async.testing.fake.server import FakeOpenAIServer
 
 COUNTDOWN = '''
 class Environment:

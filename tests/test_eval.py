@@ -146,7 +146,7 @@ def test_eval_loads_a_published_adapter_the_server_no_longer_holds(tmp_path):
     from spade_async.cli.eval import _serve_published_adapter
     from spade_async.inference.errors import EndpointError
     from spade_async.inference.pool import EndpointPool
-    from spade_async.testing.fake_openai import FakeOpenAIServer
+    from spade_async.testing.fake.server import FakeOpenAIServer
 
     server = FakeOpenAIServer()
     server.start()

@@ -20,8 +20,9 @@ import httpx
 import pytest
 
 from spade_async.inference.launch import free_port as _free_port
-from spade_async.testing.fake_openai import FakeOpenAIServer
-from spade_async.testing.faults import ALL_PATHS, Fault, FaultProxy
+from spade_async.testing.fake.server import FakeOpenAIServer
+from spade_async.testing.faults.plan import ALL_PATHS, Fault
+from spade_async.testing.faults.proxy import FaultProxy
 
 CHAT = "/v1/chat/completions"
 BODY = {"model": "policy", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 5}

@@ -26,7 +26,7 @@ from memory_db.config import MemoryConfig
 from memory_db.store import open_memory
 from spade_async.inference.launch import free_port as _free_port
 from spade_async.inference.launch import start_inference
-from spade_async.testing.faults import FaultProxy
+from spade_async.testing.faults.proxy import FaultProxy
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]

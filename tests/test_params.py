@@ -13,21 +13,17 @@ from typer.testing import CliRunner
 
 from spade_async.cli import app
 from spade_async.core.config import EndpointConfig, PoolConfig, RolloutConfig, SandboxConfig
-from spade_async.envs.contract import (
-    ContractError,
-    ParamSpec,
-    check_meta,
-    check_params_schema,
-    extreme_points,
-    resolve_params,
-)
+from spade_async.envs.contract import ContractError, ParamSpec
 from spade_async.envs.gym_adapter import register
-from spade_async.envs.validate import ALL_CHECKS, validate
+from spade_async.envs.knobs import check_params_schema, extreme_points, resolve_params
+from spade_async.envs.replies import check_meta
+from spade_async.envs.validate import validate
+from spade_async.envs.validation_report import ALL_CHECKS
 from spade_async.inference.pool import EndpointPool
 from spade_async.rollout.episode import run_episode
 from spade_async.sandbox.errors import SandboxError
 from spade_async.sandbox.runtime import Sandbox
-from spade_async.testing.fake_openai import FakeOpenAIServer
+from spade_async.testing.fake.server import FakeOpenAIServer
 
 CFG = SandboxConfig(slots=2, warm_workers=2, call_timeout_s=3.0)
 
@@ -481,7 +477,7 @@ async def test_daemon_plays_a_job_at_its_params_hinted_too(fake, tmp_path):
 
 
 def test_a_knob_may_name_its_easy_end():
-    from spade_async.envs.contract import easiest_point
+    from spade_async.envs.knobs import easiest_point
 
     specs = check_params_schema({
         "guesses": {"type": "int", "min": 1, "max": 10, "default": 6, "easy": 10},

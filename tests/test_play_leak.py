@@ -25,7 +25,7 @@ from spade_async.inference.pool import EndpointPool
 from spade_async.reward.regret import env_regret
 from spade_async.rollout.episode import play_in_sandbox
 from spade_async.sandbox.runtime import Sandbox
-from spade_async.testing.fake_openai import FakeOpenAIServer
+from spade_async.testing.fake.server import FakeOpenAIServer
 
 # A leaking hint, played here without validation (which would reject it as hint_leak): the
 # play-time measure is what catches leaks validation could not see.

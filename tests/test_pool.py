@@ -8,7 +8,7 @@ import pytest
 from spade_async.core.config import EndpointConfig, PoolConfig
 from spade_async.inference.errors import EndpointRequestError, EndpointUnavailable
 from spade_async.inference.pool import EndpointPool
-from spade_async.testing.fake_openai import FakeOpenAIServer
+from spade_async.testing.fake.server import FakeOpenAIServer
 
 FAST = PoolConfig(
     max_attempts=4,

@@ -23,7 +23,7 @@ from spade_async.inference.errors import (
 )
 from spade_async.inference.pool import EndpointPool
 from spade_async.inference.speed import SpeedMeter, Work
-from spade_async.testing.fake_openai import FakeOpenAIServer
+from spade_async.testing.fake.server import FakeOpenAIServer
 
 FAST = PoolConfig(max_attempts=3, backoff_initial_s=0.01, backoff_max_s=0.02,
                   health_interval_s=0.1, health_timeout_s=1.0, down_after_failures=100,

@@ -28,7 +28,7 @@ from spade_async.core.config import (
     SandboxConfig,
     SpadeConfig,
 )
-from spade_async.envs.contract import easiest_point, resolve_params
+from spade_async.envs.knobs import easiest_point, resolve_params
 from spade_async.envs.seed_checks import load_checked_config as load_config
 from spade_async.evals import SUITES
 from spade_async.evals.base import EvalPolicy, run_suite, store_result, wilson_interval
@@ -45,7 +45,7 @@ from spade_async.evals.probe import (
 from spade_async.inference.chat_tokens import ChatTokens
 from spade_async.inference.pool import EndpointPool
 from spade_async.report.figures import PLOTS
-from spade_async.testing.fake_openai import FakeOpenAIServer
+from spade_async.testing.fake.server import FakeOpenAIServer
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from spade_async.testing.scripted import Script
+from spade_async.testing.stack import scripted_stack_toml
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -23,52 +24,8 @@ REPO = Path(__file__).resolve().parents[1]
 def _config(tmp: Path, base_url: str, checkpoint: Path) -> Path:
     (tmp / "data" / "models").mkdir(parents=True)
     (tmp / "data" / "models" / "smollm2").symlink_to(checkpoint)
-    docs = tmp / "docs.jsonl"
-    docs.write_text("".join(json.dumps({"id": f"doc{i}", "text": f"Topic {i}: " + "words " * 60})
-                            + "\n" for i in range(40)))
     cfg = tmp / "spade.toml"
-    cfg.write_text(f"""
-[paths]
-data_dir = "{tmp / 'data'}"
-[model]
-checkpoint_name = "smollm2"
-[[endpoints]]
-name = "scripted"
-base_url = "{base_url}"
-[endpoints.weight_swap]
-type = "vllm-lora"
-max_loaded_adapters = 2
-[pool]
-wait_for_endpoint_s = 30
-[sandbox]
-slots = 8
-warm_workers = 2
-[rollout]
-k_unhinted = 2
-k_hinted = 2
-max_tokens_per_turn = 16
-[daemon]
-designs_per_document = 2
-documents_in_flight = 1
-max_batches_ahead = 1
-examples_k = 0
-replay_probability = 0.0
-status_interval_s = 0.2
-[corpus]
-min_chars = 10
-[corpus.source]
-type = "jsonl"
-path = "{docs}"
-id_field = "id"
-[memory]
-embedding_model = "hash-384"
-[trainer]
-lr = 1e-4
-micro_batch_tokens = 2048
-publish_every_steps = 1
-checkpoint_every_steps = 1
-publish_retry_s = 1.0
-""")
+    cfg.write_text(f'[paths]\ndata_dir = "{tmp / "data"}"\n' + scripted_stack_toml(tmp, base_url))
     return cfg
 
 

@@ -34,7 +34,6 @@ from spade_async.core.config import (
     SandboxConfig,
     ValidationConfig,
 )
-from spade_async.envs import contract
 from spade_async.envs.contract import episode_score
 from spade_async.envs.validate import validate
 from spade_async.inference.pool import EndpointPool
@@ -198,8 +197,7 @@ def test_wilson_interval():
 
 # ---- once the sandbox passes params to reset (the params branch) --------------------------
 
-PARAMS_IN_SANDBOX = hasattr(contract, "extreme_points") or "params" in inspect.signature(
-    EnvSession.reset).parameters
+PARAMS_IN_SANDBOX = "params" in inspect.signature(EnvSession.reset).parameters
 
 
 @pytest.mark.skipif(not PARAMS_IN_SANDBOX, reason="the sandbox does not pass params to reset yet")

@@ -13,8 +13,8 @@ import torch
 
 from spade_async.bench.trainer import PlainHF, _samples
 from spade_async.core.config.trainer import TrainerConfig
-from trainer.loop import StepRunner
 from trainer.parallel import process_group
+from trainer.step import StepRunner
 from trainer.testing import tiny_llama, write_config
 
 REPO = Path(__file__).resolve().parents[1]

@@ -13,9 +13,13 @@ from spade_async.core.config import EndpointConfig, PoolConfig, SpadeConfig, Vll
 from spade_async.core.config.trainer import TrainerConfig
 from spade_async.inference.launch import free_port as _free_port
 from spade_async.inference.pool import EndpointPool
-from spade_async.testing.fake_openai import FakeOpenAIServer, FakeState
-from trainer.publish import Publisher, PublishError, read_current
-from trainer.swap import NcclSwapper, SwapError, WedgedServer, make_swapper
+from spade_async.testing.fake.server import FakeOpenAIServer
+from spade_async.testing.fake.state import FakeState
+from trainer.publish import Publisher, PublishError
+from trainer.swap.base import SwapError, WedgedServer
+from trainer.swap.factory import make_swapper
+from trainer.swap.nccl import NcclSwapper
+from trainer.versions import read_current
 
 POOL = PoolConfig(max_attempts=1, backoff_initial_s=0.01, wait_for_endpoint_s=2)
 TENSORS = [("model.embed_tokens.weight", "bfloat16", (256, 64)),

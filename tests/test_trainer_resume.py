@@ -17,7 +17,7 @@ import torch
 from safetensors.torch import load_file
 
 from spade_async.core.spool.files import FileSpool
-from spade_async.testing.fake_openai import FakeOpenAIServer
+from spade_async.testing.fake.server import FakeOpenAIServer
 from trainer.testing import tiny_llama, write_batches, write_config, write_trainer_config
 
 REPO = Path(__file__).resolve().parents[1]

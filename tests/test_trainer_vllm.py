@@ -29,7 +29,7 @@ from spade_async.core.spool.files import FileSpool
 from spade_async.inference.pool import EndpointPool
 from trainer.data import collate, select_samples
 from trainer.model import PolicyModel, load_policy
-from trainer.swap import ReloadSwapper
+from trainer.swap.reload import ReloadSwapper
 from trainer.testing import write_config, write_trainer_config
 
 pytestmark = pytest.mark.slow

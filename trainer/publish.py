@@ -13,9 +13,6 @@ once every endpoint serves the version.
 from __future__ import annotations
 
 import contextlib
-import json
-import re
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -32,17 +29,14 @@ from spade_async.core.logs import get_logger
 from spade_async.core.policy import CURRENT
 from spade_async.inference.errors import EndpointError
 from spade_async.inference.pool import EndpointPool
-from trainer.swap import (
-    LoraSwapper,
-    NcclSwapper,
-    NoSwapper,
-    WeightSwapper,
-    make_swapper,
-)
+from trainer.swap.base import WeightSwapper
+from trainer.swap.factory import make_swapper
+from trainer.swap.lora import LoraSwapper
+from trainer.swap.nccl import NcclSwapper
+from trainer.swap.none import NoSwapper
+from trainer.versions import prune_versions, read_current, version_dir, weights_root
 
 log = get_logger("trainer.publish")
-
-_VERSION_DIR = re.compile(r"^v(\d+)$")
 
 
 class PublishError(RuntimeError):
@@ -65,22 +59,6 @@ class PublishReport:
     seconds: float  # publish() call -> current.json written
     swap_seconds: dict[str, float]
     attempts: dict[str, int] = field(default_factory=dict)
-
-
-def weights_root(cfg: SpadeConfig) -> Path:
-    return cfg.paths.data_dir / "weights"
-
-
-def version_dir(root: Path, version: int) -> Path:
-    return root / f"v{version}"
-
-
-def read_current(root: Path) -> int:
-    """The version the daemon samples with (0: the base model, nothing published)."""
-    try:
-        return int(json.loads((root / CURRENT).read_text())["version"])
-    except FileNotFoundError:
-        return 0
 
 
 def artifact_kind(cfg: SpadeConfig, tcfg: TrainerConfig) -> str:
@@ -254,7 +232,7 @@ class Publisher:
         report = PublishReport(version, model, time.perf_counter() - t0, swap_s, attempts)
         log.info("version_published", version=version, model=model,
                  seconds=round(report.seconds, 4), endpoints=swap_s)
-        self._prune(keep=version)
+        prune_versions(self.root, self.tcfg.keep_versions, keep=version)
         return report
 
     async def _push_all(self, version: int, path: Path) -> tuple[dict[str, float], dict[str, int]]:
@@ -294,12 +272,3 @@ class Publisher:
         if failures:
             raise PublishError(version, failures)
         return swap_s, attempts
-
-    def _prune(self, keep: int) -> None:
-        """Keep the newest `keep_versions` weight directories (vLLM may re-read an unloaded
-        adapter's files for requests still running on it)."""
-        versions = sorted(int(m.group(1)) for p in self.root.iterdir()
-                          if p.is_dir() and (m := _VERSION_DIR.match(p.name)))
-        for v in versions[: max(0, len(versions) - self.tcfg.keep_versions)]:
-            if v != keep:
-                shutil.rmtree(version_dir(self.root, v), ignore_errors=True)

@@ -39,7 +39,8 @@ from spade_async.inference.cpu_profile import (
     vllm_device,
 )
 from spade_async.inference.pool import EndpointPool
-from trainer.swap import LoraSwapper, ReloadSwapper
+from trainer.swap.lora import LoraSwapper
+from trainer.swap.reload import ReloadSwapper
 
 PROMPT = [{"role": "user", "content": "Write a short story about a lighthouse keeper."}]
 

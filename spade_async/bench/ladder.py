@@ -108,8 +108,7 @@ def rung_params(family: str, label: str) -> dict[str, Any]:
     if label in RUNGS.get(family, {}):
         return dict(RUNGS[family][label])
     if label == "easiest":
-        from spade_async.envs.contract import easiest_point
-        from spade_async.envs.validate import declared_params
+        from spade_async.envs.knobs import declared_params, easiest_point
 
         return easiest_point(declared_params((SEEDS_DIR / f"{family}.py").read_text()))
     raise ValueError(f"no rung {label!r} for {family} (labels: easiest, middle, default)")

@@ -181,7 +181,7 @@ def run_pipeline_bench(checkpoint: Path, *, concurrency: int = 8, episodes: int 
     report: dict[str, Any] = {"concurrency": concurrency, "tokens_per_turn": tokens}
     port = free_port()
     # Its own process: an in-process fake would share this process's GIL and skew the ratio.
-    fake = subprocess.Popen([sys.executable, "-m", "spade_async.testing.fake_openai", "--port",
+    fake = subprocess.Popen([sys.executable, "-m", "spade_async.testing.fake", "--port",
                              str(port), "--token-latency", str(token_latency_s),
                              "--request-latency", "0.01"])
     try:

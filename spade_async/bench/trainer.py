@@ -6,7 +6,7 @@ micro-batches for both paths, interleaved (ours, plain, ours, plain, ...) after 
 each, so the machine's state is shared. "Plain" is what a first implementation writes: the HF
 model (with the same peft adapter in LoRA mode) computes logits for every position, log-softmax
 over the vocabulary, gather, the same clipped policy-gradient loss, backward, clip, AdamW.
-Ours is `trainer.loop.StepRunner.step`, the code the trainer runs (LM head only on the scored
+Ours is `trainer.step.StepRunner.step`, the code the trainer runs (LM head only on the scored
 positions, fused log-sum-exp). Tokens/s counts trained (loss-mask) tokens; both paths see the
 same ones.
 
@@ -136,7 +136,7 @@ def _throughput(runner: Any, plain: PlainHF, samples: list[Any], steps: int,
 def _publish_latency(cfg: SpadeConfig, runner: Any, samples: list[Any], base_url: str,
                      model_dir: Path, work: Path, publishes: int,
                      progress: Callable[[str], None]) -> dict[str, Any]:
-    from trainer.loop import export_version
+    from trainer.export import export_version
     from trainer.publish import Publisher
 
     out: dict[str, Any] = {}
@@ -184,8 +184,8 @@ def run_trainer_bench(cfg: SpadeConfig, model_dir: Path, *, base_url: str | None
                       progress: Callable[[str], None] = lambda _m: None) -> dict[str, Any]:
     import torch
 
-    from trainer.loop import StepRunner
     from trainer.parallel import process_group
+    from trainer.step import StepRunner
 
     if not (model_dir / "config.json").is_file():
         raise FileNotFoundError(f"no prepared checkpoint at {model_dir}: run "

@@ -14,6 +14,7 @@ from spade_async.cli.config_cmd import show_config
 from spade_async.cli.endpoints import endpoints_app
 from spade_async.cli.env import env_app
 from spade_async.cli.eval import evaluate
+from spade_async.cli.experiment import experiment_app
 from spade_async.cli.memory import memory_app
 from spade_async.cli.model import model_app
 from spade_async.cli.report import make_report
@@ -54,3 +55,4 @@ app.add_typer(model_app, name="model")
 app.add_typer(env_app, name="env")
 app.add_typer(bench_app, name="bench")
 app.add_typer(memory_app, name="memory")
+app.add_typer(experiment_app, name="experiment")

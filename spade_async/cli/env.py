@@ -118,12 +118,8 @@ def env_play(
 ) -> None:
     """Play an environment turn by turn, as a person: read an action, show the reward.
     A tool call is typed as `name {"arg": ...}` or as the canonical JSON."""
-    from spade_async.envs.contract import (
-        ContractError,
-        episode_score,
-        resolve_params,
-        tool_call_action,
-    )
+    from spade_async.envs.contract import ContractError, episode_score, tool_call_action
+    from spade_async.envs.knobs import resolve_params
     from spade_async.sandbox.errors import SandboxError
     from spade_async.sandbox.isolation import SandboxUnavailable
     from spade_async.sandbox.runtime import open_env

@@ -20,7 +20,7 @@ async def _serve_published_adapter(cfg: SpadeConfig, pool: Any, version: int, mo
     version can be evaluated after the run. Endpoints of other kinds are left alone."""
     from spade_async.core.config import VllmLoraSwap
     from spade_async.inference.errors import EndpointError, EndpointRequestError
-    from trainer.publish import version_dir, weights_root
+    from trainer.versions import version_dir, weights_root
 
     if version == 0 or model == cfg.model.served_name:
         return
@@ -46,8 +46,9 @@ def evaluate(
     config: Path = ConfigOpt,
     version: str = typer.Option("latest", "--version", help="policy version N, or 'latest' "
                                 "(the one the servers hold now)"),
-    suite: list[str] = typer.Option(None, "--suite", help="reasoning-gym, bfcl-multi-turn or "
-                                    "probe (repeatable; default: eval.suites)"),
+    suite: list[str] = typer.Option(None, "--suite", help="reasoning-gym, reasoning-gym-easy, "
+                                    "bfcl-multi-turn or probe (repeatable; default: "
+                                    "eval.suites)"),
     limit: int = typer.Option(None, "--limit", min=1, help="only the first N tasks of a suite"),
     group: str = typer.Option(None, "--group", help="endpoint group to evaluate on (default "
                               "roles.eval.group)"),
@@ -128,9 +129,21 @@ def evaluate(
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
         return
-    for r in rows:
+    for res, r in zip(results, rows, strict=True):
         rate = r["completion_tokens"] / r["seconds"] if r["seconds"] else 0.0
-        typer.echo(f"{r['suite']:16s} v{r['version']} ({r['model']}, {r['path']} path): score "
-                   f"{r['score']:.3f}, passed {r['passed']:.1%} of {r['scored']} scored tasks "
-                   f"({r['n']} in all, {r['n'] - r['scored']} failed on the endpoint), "
-                   f"{r['errors']} errors, {r['seconds']:.0f} s, {rate:.1f} tok/s")
+        typer.echo(f"{r['suite']} v{r['version']} ({r['model']}, {r['path']} path): "
+                   f"{r['scored']} of {r['n']} tasks scored ({r['n'] - r['scored']} failed on "
+                   f"the endpoint), {r['errors']} errors, {r['seconds']:.0f} s, "
+                   f"{rate:.1f} tok/s")
+        scored = [t for t in res.tasks if not t.failed]
+        for label, key, n_passed in (
+                ("strict", "", sum(t.passed for t in scored)),
+                ("lenient", "lenient_", sum(bool(t.lenient_passed) for t in scored))):
+            typer.echo(f"  {label:8s} score {_with_ci(r, key + 'score')}, passed "
+                       f"{_with_ci(r, key + 'passed')} ({n_passed} of {r['scored']} scored)")
+
+
+def _with_ci(row: dict[str, Any], key: str) -> str:
+    """`0.375 [0.214, 0.567]`: a mean and its 95% interval, as results.jsonl holds them."""
+    lo, hi = row.get(f"{key}_ci95", (0.0, 1.0))
+    return f"{row.get(key, 0.0):.3f} [{lo:.3f}, {hi:.3f}]"

@@ -75,6 +75,11 @@ def run_daemon(
                              timeout_s=cfg.daemon.drain_timeout_s)
                     await anyio.sleep(cfg.daemon.drain_timeout_s)
                     log.warning("drain_deadline_passed")
+                    daemon.cut_drain()
+                    if daemon.final_eval and cfg.eval.every_versions:
+                        # the version it stopped on is being evaluated (a budget stop)
+                        await anyio.sleep(cfg.experiment.final_eval_timeout_s)
+                        log.warning("final_eval_deadline_passed")
                     tg.cancel_scope.cancel()
 
                 tg.start_soon(on_signals)

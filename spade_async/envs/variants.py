@@ -12,13 +12,8 @@ from typing import Any
 
 from memory_db.schema import env_id as content_id
 from memory_db.schema import variant_id
-from spade_async.envs.contract import (
-    ContractError,
-    ParamSpec,
-    declared_params,
-    easiest_point,
-    resolve_params,
-)
+from spade_async.envs.contract import ContractError, ParamSpec
+from spade_async.envs.knobs import declared_params, easiest_point, resolve_params
 
 SEEDS_DIR = Path(__file__).resolve().parent / "seeds"
 

@@ -3,25 +3,27 @@ their own checkers (see base.py), and the `probe`, a fixed set of training varia
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, get_args
+
+from spade_async.core.config.eval import SuiteName
 
 if TYPE_CHECKING:
     from spade_async.core.config import SpadeConfig
     from spade_async.evals.base import Suite
     from spade_async.sandbox.runtime import Sandbox
 
-SUITES = ("reasoning-gym", "bfcl-multi-turn", "probe")
+SUITES: tuple[str, ...] = get_args(SuiteName)  # the names eval.suites accepts
 
 
 def make_suite(name: str, cfg: SpadeConfig, sandbox: Sandbox | None = None) -> Suite:
     """A suite by name, sized by the config's [eval] section. `sandbox`: where the probe
     plays (None: it opens its own for the run); the held-out suites need none."""
     ecfg = cfg.eval
-    if name == "reasoning-gym":
+    if name in ("reasoning-gym", "reasoning-gym-easy"):
         from spade_async.evals.reasoning_gym_suite import ReasoningGymSuite
 
         return ReasoningGymSuite(per_generator=ecfg.reasoning_gym_per_generator,
-                                 max_tokens=ecfg.max_tokens)
+                                 max_tokens=ecfg.max_tokens, name=name)
     if name == "bfcl-multi-turn":
         from spade_async.evals.bfcl import BfclMultiTurnSuite
 

@@ -3,8 +3,10 @@
 A suite turns its package's tasks into `EvalTask`s and scores one task with that package's own
 checker; this module runs a suite against the endpoint pool (greedy decoding, bounded
 concurrency) and stores the results per policy version under `<data_dir>/eval/`:
-  results.jsonl                 one line per (suite, version) run: score, passed, n, seconds
-  v<N>/<suite>.jsonl            one line per task: id, score, passed, the answer, any error
+  results.jsonl                 one line per (suite, version) run: score, passed, n, seconds,
+                                their lenient twins and a 95% interval of each of the four
+  v<N>/<suite>.jsonl            one line per task: id, score, passed, lenient ones, the answer,
+                                any error
 `spade report` plots results.jsonl; `spade eval` prints it.
 """
 
@@ -16,7 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import anyio
 
@@ -25,9 +27,6 @@ from spade_async.core.logs import get_logger
 from spade_async.inference.chat_tokens import ChatTokens
 from spade_async.inference.errors import EndpointError
 from spade_async.inference.pool import EndpointPool
-
-if TYPE_CHECKING:
-    pass
 
 log = get_logger("eval")
 
@@ -49,6 +48,17 @@ class TaskResult:
     error: str | None = None
     detail: dict[str, Any] = field(default_factory=dict)
     failed: bool = False  # the endpoint failed it on every try: not a score, left out of means
+    # The checker's verdict on a lenient reading of the answer (the reasoning-gym suites read an
+    # untagged reply by its shape). None: the same as score / passed, as for a checker that
+    # reads no answer tags (probe, bfcl).
+    lenient: float | None = None
+    lenient_passed: bool | None = None
+
+    def __post_init__(self) -> None:
+        if self.lenient is None:
+            self.lenient = self.score
+        if self.lenient_passed is None:
+            self.lenient_passed = self.passed
 
 
 class EvalPolicy:
@@ -137,6 +147,13 @@ class SuiteResult:
     path: str = "tokens"        # how the requests went: tokens or chat
     external: bool = False      # a named model (roles.eval.model), not a policy version
     completion_tokens: int = 0  # sampled over all tasks (throughput = this / seconds)
+    lenient_score: float = 0.0  # score and passed of the lenient readings (TaskResult.lenient)
+    lenient_passed: float = 0.0
+    # 95% intervals [low, high] of the four means above, over the scored tasks (interval95).
+    score_ci95: list[float] = field(default_factory=lambda: [0.0, 1.0])
+    passed_ci95: list[float] = field(default_factory=lambda: [0.0, 1.0])
+    lenient_score_ci95: list[float] = field(default_factory=lambda: [0.0, 1.0])
+    lenient_passed_ci95: list[float] = field(default_factory=lambda: [0.0, 1.0])
 
     def summary(self) -> dict[str, Any]:
         d = asdict(self)
@@ -182,15 +199,19 @@ async def run_suite(suite: Suite, policy: EvalPolicy, *, limit: int | None = Non
             tg.start_soon(one, task)
     ordered = [results[t.task_id] for t in tasks]
     scored = [r for r in ordered if not r.failed]
-    k = len(scored)
+    means: dict[str, Any] = {}
+    for name, values in (
+            ("score", [r.score for r in scored]),
+            ("passed", [float(r.passed) for r in scored]),
+            ("lenient_score", [float(r.lenient or 0.0) for r in scored]),
+            ("lenient_passed", [float(bool(r.lenient_passed)) for r in scored])):
+        means[name] = round(math.fsum(values) / len(values), 4) if values else 0.0
+        means[f"{name}_ci95"] = [round(x, 4) for x in interval95(values)]
     return SuiteResult(
         suite=suite.name, version=policy.version, model=policy.model, n=len(ordered),
-        scored=k,
-        score=round(math.fsum(r.score for r in scored) / k, 4) if k else 0.0,
-        passed=round(sum(r.passed for r in scored) / k, 4) if k else 0.0,
-        errors=sum(r.error is not None for r in ordered),
+        scored=len(scored), errors=sum(r.error is not None for r in ordered),
         seconds=round(time.perf_counter() - t0, 2), time=time.time(), tasks=ordered,
-        path=policy.path, completion_tokens=sum(r.completion_tokens for r in ordered))
+        path=policy.path, completion_tokens=sum(r.completion_tokens for r in ordered), **means)
 
 
 class EvalFailed(EndpointError):
@@ -212,6 +233,22 @@ def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, flo
     centre = (p + z2 / (2 * n)) / (1 + z2 / n)
     half = z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / (1 + z2 / n)
     return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def interval95(values: Sequence[float], z: float = 1.96) -> tuple[float, float]:
+    """The 95% interval (with the default z) of the mean of `values`, scores in [0, 1]: the
+    Wilson interval when every value is 0 or 1 (a pass rate), else the normal approximation,
+    mean +- z * sd / sqrt(n) with the sample sd, clipped to [0, 1]. (0, 1) when nothing is
+    known: no values, or a single fractional one."""
+    n = len(values)
+    if all(v in (0.0, 1.0) for v in values):
+        return wilson_interval(round(math.fsum(values)), n, z)
+    if n < 2:
+        return 0.0, 1.0
+    mean = math.fsum(values) / n
+    sd = math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (n - 1))
+    half = z * sd / math.sqrt(n)
+    return max(0.0, mean - half), min(1.0, mean + half)
 
 
 def eval_dir(data_dir: Path) -> Path:

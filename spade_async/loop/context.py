@@ -19,7 +19,8 @@ from spade_async.core.logs import get_logger
 from spade_async.core.policy import PolicyVersion, current_path
 from spade_async.core.spool.base import BatchSpool
 from spade_async.envs.contract import EnvMeta
-from spade_async.envs.validate import ValidationReport, validate
+from spade_async.envs.validate import validate
+from spade_async.envs.validation_report import ValidationReport
 from spade_async.inference.chat_tokens import ChatTokens
 from spade_async.inference.pool import EndpointPool
 from spade_async.inference.roles import ROLES, role_route
@@ -55,6 +56,7 @@ class LoopContext:
         self.routes = {r: role_route(cfg, r) for r in ROLES}
         self.stop_requested = anyio.Event()  # the CLI starts its drain deadline on it
         self.stop_reason: str | None = None
+        self.final_eval = False  # evaluate the version it stopped on before exiting
         self.start_version = 0
         self.waiting_for_trainer = False
         self.queue_depth = lambda: 0  # plays waiting in the env stream (set by the daemon)

@@ -36,9 +36,10 @@ from spade_async.inference.chat_tokens import ChatTokens
 from spade_async.inference.pool import EndpointPool
 from spade_async.loop.batches import Batches
 from spade_async.loop.context import LoopContext
+from spade_async.loop.control import watch_stop_requests
 from spade_async.loop.design import Documents
 from spade_async.loop.edit import Edits
-from spade_async.loop.evaluator import evaluate_versions
+from spade_async.loop.evaluator import Evaluator
 from spade_async.loop.jobs import PlayJob
 from spade_async.loop.play import Player
 from spade_async.loop.ports import MemoryPort
@@ -59,6 +60,8 @@ class Daemon:
         self.telemetry = Telemetry(ctx)
         self.batches = Batches(ctx, corpus)
         self.player = Player(ctx, self.batches)
+        self.evaluator = Evaluator(ctx)
+        self._flow: anyio.CancelScope | None = None
         pace = TrainerPace(ctx)
         self.source = (FixedSource(ctx, pace) if cfg.daemon.mode == "fixed" else
                        DesignerSource(ctx, corpus, Documents(ctx, self.batches),
@@ -79,16 +82,21 @@ class Daemon:
         try:
             async with anyio.create_task_group() as beside:
                 beside.start_soon(self.telemetry.run)  # status.json, metrics, saturation
+                beside.start_soon(watch_stop_requests, ctx)  # `spade experiment`'s budget stop
                 if self.cfg.eval.every_versions:
-                    beside.start_soon(evaluate_versions, ctx)  # held-out scores per version
+                    beside.start_soon(self.evaluator.run)  # held-out scores per version
                 task_status.started()
                 if dcfg.bootstrap_seeds:
                     await bootstrap_seeds(ctx)  # an empty memory gets the seed environments
                 async with anyio.create_task_group() as flow:
+                    self._flow = flow.cancel_scope
                     # corpus → designs → validation → memory (or the fixed pool; replays)
                     flow.start_soon(self.source.run, send_env, max_iterations)
                     # → episodes → regret → memory stats → samples → batches → spool
                     flow.start_soon(self.player.run, recv_env)
+                if ctx.final_eval and self.cfg.eval.every_versions:
+                    # a bounded run's last point: the version it stopped on, evaluated
+                    await self.evaluator.evaluate_current()
                 beside.cancel_scope.cancel()
         finally:  # also when the drain deadline cancels us: status says it stopped
             self.telemetry.stopped = True
@@ -99,6 +107,12 @@ class Daemon:
     def stop(self, reason: str = "signal") -> None:
         """Finish the documents in flight, then return (SIGTERM/SIGINT, or a bounded run)."""
         self.ctx.stop(reason)
+
+    def cut_drain(self) -> None:
+        """The drain took too long: cancel the work in flight (a final evaluation, when one
+        was asked for, still runs)."""
+        if self._flow is not None:
+            self._flow.cancel()
 
     def status(self) -> dict[str, Any]:
         return self.telemetry.status()
@@ -117,3 +131,4 @@ class Daemon:
     admission = property(lambda self: self.ctx.admission)
     policy = property(lambda self: self.ctx.policy)
     waiting_for_trainer = property(lambda self: self.ctx.waiting_for_trainer)
+    final_eval = property(lambda self: self.ctx.final_eval)

@@ -9,12 +9,13 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import anyio
 
 from spade_async.core.logs import get_logger
 from spade_async.corpus.documents import Chunk
-from spade_async.design.designer import design
+from spade_async.design.designer import Design, design
 from spade_async.inference.errors import EndpointError
 from spade_async.loop.admission import Reservation
 from spade_async.loop.batches import Batches
@@ -73,6 +74,32 @@ async def design_rounds(ctx: LoopContext, group: DocGroup, one: Callable[[], Awa
         delay = min(30.0, delay * 2)
 
 
+async def designer_request(ctx: LoopContext, group: DocGroup, move_stage: str,
+                           call: Callable[[Any], Awaitable[Design]],
+                           **context: Any) -> tuple[Design, float] | None:
+    """One designer request on the group's next admitted stream, with the newest policy
+    (a retried group designs with it): the design and its seconds, or None when the endpoint
+    failed it (counted under `move_stage`, design or edit, and kept for design_rounds)."""
+    ctx.in_flight["designs"] += 1
+    ctx.policy.refresh()
+    stream = group.streams.take() if group.streams is not None else None
+    t0 = time.monotonic()
+    try:
+        d = await call(ctx.pool_for(stream))
+    except EndpointError as exc:
+        ctx.failures.count(move_stage, exc.kind, exc, **context)
+        group.request_failures.append(exc.kind)
+        return None
+    finally:
+        ctx.in_flight["designs"] -= 1
+        if stream is not None:
+            stream.end()
+    ctx.counters["designs"] += 1
+    ctx.counters[f"moves_{group.move}_proposed"] += 1
+    ctx.sampled_with(d.policy_version, episode=False)
+    return d, time.monotonic() - t0
+
+
 class Documents:
     """The write move, one document at a time per task."""
 
@@ -120,31 +147,19 @@ class Documents:
         """One design request, its validation and its memory record."""
         ctx = self.ctx
         dcfg, chunk = ctx.cfg.daemon, group.chunk
-        ctx.in_flight["designs"] += 1
-        ctx.policy.refresh()  # a retried document designs with the newest policy
         route = ctx.routes["designer"]
-        stream = group.streams.take() if group.streams is not None else None
-        try:
-            d = await design(
-                ctx.pool_for(stream), ctx.chat, doc_id=chunk.doc_id, chunk_id=chunk.chunk_id,
-                excerpt=chunk.text, examples=examples, model=route.model or ctx.policy.model,
-                policy_version=ctx.policy.version, max_tokens=dcfg.designer_max_tokens,
-                temperature=dcfg.designer_temperature, prefill=dcfg.designer_prefill,
-                max_seq_len=ctx.cfg.rollout.max_seq_len,
-                deadline_s=ctx.cfg.rollout.request_deadline_s, path=route.path,
-                group=route.group,
-            )
-        except EndpointError as exc:
-            ctx.failures.count("design", exc.kind, exc, chunk=chunk.chunk_id)
-            group.request_failures.append(exc.kind)
+        got = await designer_request(ctx, group, "design", lambda pool: design(
+            pool, ctx.chat, doc_id=chunk.doc_id, chunk_id=chunk.chunk_id,
+            excerpt=chunk.text, examples=examples, model=route.model or ctx.policy.model,
+            policy_version=ctx.policy.version, max_tokens=dcfg.designer_max_tokens,
+            temperature=dcfg.designer_temperature, prefill=dcfg.designer_prefill,
+            max_seq_len=ctx.cfg.rollout.max_seq_len,
+            deadline_s=ctx.cfg.rollout.request_deadline_s, path=route.path,
+            group=route.group), chunk=chunk.chunk_id)
+        if got is None:
             return
-        finally:
-            ctx.in_flight["designs"] -= 1
-            if stream is not None:
-                stream.end()
-        ctx.counters["designs"] += 1
-        ctx.counters["moves_write_proposed"] += 1
-        ctx.sampled_with(d.policy_version, episode=False)
+        d, design_s = got
+        t0 = time.monotonic()
         try:
             report = None if d.code is None else await ctx.validate(
                 d.code, chunk=chunk.chunk_id, design_id=d.design_id)
@@ -158,6 +173,7 @@ class Documents:
             await ctx.failures.give_up("design", str(exc), chunk=chunk.chunk_id,
                                        design_id=d.design_id, failed_in=exc.stage)
             return
+        validation_s = time.monotonic() - t0  # with the memory's novelty check
         group.designs.append(d)
         group.status[d.design_id] = status
         if report is not None:
@@ -180,4 +196,5 @@ class Documents:
             "progress": report.progress if report is not None else 0.0, "move": "write",
             "parent": None, "params": None, "variant_id": None,
             "family": report.meta.name if report is not None and report.meta else None,
-            "path": d.path, "model": d.model})
+            "path": d.path, "model": d.model, "prompt_tokens": d.prompt_len,
+            "design_s": round(design_s, 3), "validation_s": round(validation_s, 3)})

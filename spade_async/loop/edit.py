@@ -10,15 +10,15 @@ from typing import Any
 from memory_db.schema import variant_id
 from spade_async.core.logs import get_logger
 from spade_async.design.edit import VariantView, candidate_params, propose_edit
-from spade_async.envs.contract import ContractError, EnvMeta, easiest_point, resolve_params
-from spade_async.envs.validate import ValidationReport
+from spade_async.envs.contract import ContractError, EnvMeta
+from spade_async.envs.knobs import easiest_point, resolve_params
+from spade_async.envs.validation_report import ValidationReport
 from spade_async.inference.constrained import TokenBytes
-from spade_async.inference.errors import EndpointError
 from spade_async.inference.roles import group_has
 from spade_async.loop.admission import Reservation
 from spade_async.loop.batches import Batches
 from spade_async.loop.context import LoopContext
-from spade_async.loop.design import design_rounds, group_ended
+from spade_async.loop.design import design_rounds, designer_request, group_ended
 from spade_async.loop.failures import GaveUp
 from spade_async.loop.jobs import DocGroup, PlayJob
 from spade_async.loop.ports import StoredEnv
@@ -145,33 +145,22 @@ class Edits:
                    candidates: list[dict[str, Any]]) -> None:
         """One edit request and the validation of the variant it proposes."""
         ctx = self.ctx
-        ctx.in_flight["designs"] += 1
-        ctx.policy.refresh()
         route = ctx.routes["designer"]
-        stream = group.streams.take() if group.streams is not None else None
-        try:
-            d = await propose_edit(
-                ctx.pool_for(stream), ctx.chat, self._vocabulary(), env_id=parent.env_id,
-                name=meta.name, description=meta.description, specs=meta.params,
-                current=current, played=played, candidates=candidates,
-                signal=ctx.cfg.regret.signal, model=route.model or ctx.policy.model,
-                policy_version=ctx.policy.version,
-                temperature=ctx.cfg.daemon.designer_temperature,
-                deadline_s=ctx.cfg.rollout.request_deadline_s, path=route.path,
-                group=route.group,
-                structured=route.path == "chat" and group_has(ctx.pool, route.group,
-                                                               "structured"))
-        except EndpointError as exc:
-            ctx.failures.count("edit", exc.kind, exc, env_id=parent.env_id)
-            group.request_failures.append(exc.kind)
+        got = await designer_request(ctx, group, "edit", lambda pool: propose_edit(
+            pool, ctx.chat, self._vocabulary(), env_id=parent.env_id,
+            name=meta.name, description=meta.description, specs=meta.params,
+            current=current, played=played, candidates=candidates,
+            signal=ctx.cfg.regret.signal, model=route.model or ctx.policy.model,
+            policy_version=ctx.policy.version,
+            temperature=ctx.cfg.daemon.designer_temperature,
+            deadline_s=ctx.cfg.rollout.request_deadline_s, path=route.path,
+            group=route.group,
+            structured=route.path == "chat" and group_has(ctx.pool, route.group, "structured")),
+            env_id=parent.env_id)
+        if got is None:
             return
-        finally:
-            ctx.in_flight["designs"] -= 1
-            if stream is not None:
-                stream.end()
-        ctx.counters["designs"] += 1
-        ctx.counters["moves_edit_proposed"] += 1
-        ctx.sampled_with(d.policy_version, episode=False)
+        d, design_s = got
+        t0 = time.monotonic()
         d.code = parent.code
         report: ValidationReport | None = None
         vid = None
@@ -192,6 +181,7 @@ class Edits:
             status = DesignStatus.ACCEPTED if report.accepted else DesignStatus.INVALID
             reason = report.reason
             group.checks_passed[d.design_id] = report.progress
+        validation_s = time.monotonic() - t0
         group.designs.append(d)
         group.status[d.design_id] = status
         if status is DesignStatus.ACCEPTED:
@@ -211,4 +201,5 @@ class Edits:
             "env_id": parent.env_id, "completion_tokens": d.completion_tokens,
             "progress": report.progress if report is not None else 0.0, "move": "edit",
             "parent": parent.variant_id, "params": d.params, "variant_id": vid,
-            "family": meta.name, "path": d.path, "model": d.model})
+            "family": meta.name, "path": d.path, "model": d.model, "prompt_tokens": d.prompt_len,
+            "design_s": round(design_s, 3), "validation_s": round(validation_s, 3)})

@@ -1,4 +1,5 @@
-"""Held-out evaluation beside the loop: every `eval.every_versions`-th published version."""
+"""Held-out evaluation beside the loop: every `eval.every_versions`-th published version, and,
+when a bounded run asks for it, the version the run stopped on."""
 
 from __future__ import annotations
 
@@ -12,34 +13,56 @@ from spade_async.loop.failures import failure_kind
 log = get_logger("daemon")
 
 
-async def evaluate_versions(ctx: LoopContext) -> None:
+class Evaluator:
     """Held-out evaluation of every `eval.every_versions`-th published version (version 0,
     the base model, included), in the background: its requests share the pool with the
     loop's, at `eval.concurrency`, and a failure is logged, never raised into the loop.
     Versions already in <data_dir>/eval/results.jsonl are not evaluated again."""
-    from spade_async.evals.base import load_results
-    from spade_async.evals.bfcl import BfclSetupError
-    from spade_async.evals.run import evaluate_version
 
-    cfg = ctx.cfg
-    every = cfg.eval.every_versions
-    done = {int(r.get("version", -1)) for r in load_results(cfg.paths.data_dir)
-            if not r.get("external")}
-    # The periodic evaluation is of the policy: roles.eval's route, unless that names
-    # another model (`spade eval --model`'s business), then the agent's endpoints.
-    route = ctx.routes["eval"]
-    if route.model is not None:
-        route = RoleRoute("eval", ctx.routes["agent"].group, None, "tokens")
-    while True:
-        ctx.policy.refresh()
-        version, model = ctx.policy.version, ctx.policy.model
-        if version % every == 0 and version not in done:
-            done.add(version)
+    def __init__(self, ctx: LoopContext) -> None:
+        self.ctx = ctx
+        self._done: set[int] | None = None
+        self._lock = anyio.Lock()
+
+    def _evaluated(self) -> set[int]:
+        if self._done is None:
+            from spade_async.evals.base import load_results
+
+            self._done = {int(r.get("version", -1))
+                          for r in load_results(self.ctx.cfg.paths.data_dir)
+                          if not r.get("external")}
+        return self._done
+
+    async def run(self) -> None:
+        every = self.ctx.cfg.eval.every_versions
+        while True:
+            self.ctx.policy.refresh()
+            if self.ctx.policy.version % every == 0:
+                await self.evaluate_current()
+            await anyio.sleep(self.ctx.cfg.daemon.status_interval_s)
+
+    async def evaluate_current(self) -> None:
+        """The newest published version, unless it has been evaluated."""
+        from spade_async.evals.bfcl import BfclSetupError
+        from spade_async.evals.run import evaluate_version
+
+        ctx = self.ctx
+        async with self._lock:  # the loop's and a final evaluation never run the same twice
+            ctx.policy.refresh()
+            version, model = ctx.policy.version, ctx.policy.model
+            if version in self._evaluated():
+                return
+            self._evaluated().add(version)
+            # The periodic evaluation is of the policy: roles.eval's route, unless that names
+            # another model (`spade eval --model`'s business), then the agent's endpoints.
+            route = ctx.routes["eval"]
+            if route.model is not None:
+                route = RoleRoute("eval", ctx.routes["agent"].group, None, "tokens")
             ctx.in_flight["evals"] += 1
             try:
                 results = await evaluate_version(
-                    cfg, ctx.pool, ctx.chat, version=version, model=model,
-                    suites=cfg.eval.suites, sandbox=ctx.sandbox, route=route,
+                    ctx.cfg, ctx.pool, ctx.chat, version=version, model=model,
+                    suites=ctx.cfg.eval.suites, sandbox=ctx.sandbox, route=route,
                     progress=lambda m: log.info("eval_progress", detail=m))
                 ctx.counters["evals"] += 1
                 for r in results:
@@ -52,4 +75,3 @@ async def evaluate_versions(ctx: LoopContext) -> None:
                 ctx.failures.count("eval", kind, exc, version=version)
             finally:
                 ctx.in_flight["evals"] -= 1
-        await anyio.sleep(cfg.daemon.status_interval_s)

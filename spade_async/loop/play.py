@@ -13,7 +13,8 @@ import anyio
 from memory_db.schema import variant_id
 from spade_async.core.logs import get_logger
 from spade_async.core.spool.batch import Sample
-from spade_async.envs.contract import ContractError, resolve_params
+from spade_async.envs.contract import ContractError
+from spade_async.envs.knobs import resolve_params
 from spade_async.inference.errors import EndpointError
 from spade_async.loop.admission import Reservation, Stream
 from spade_async.loop.batches import Batches
@@ -186,11 +187,13 @@ class Player:
         a server restarted meanwhile holds only that one, so an older adapter would never
         come back."""
         ctx = self.ctx
-        tries, delay = 0, 1.0
+        tries, delay, spent = 0, 1.0, 0.0
         while True:
             ctx.policy.refresh()
             ep = await self.episode_once(job, hinted, seed, ctx.policy.model,
                                          ctx.policy.version, stream)
+            spent += ep.seconds
+            ep.seconds = round(spent, 3)  # every try's time is the play's cost
             if ep.error is None:
                 return ep
             kind = ep.error_kind or "unknown"
@@ -208,18 +211,21 @@ class Player:
         """One try of an episode; a failure comes back as the episode's error."""
         ctx = self.ctx
         ctx.in_flight["episodes"] += 1
+        t0 = time.monotonic()
         try:
-            return await play_in_sandbox(ctx.sandbox, job.code, ctx.pool_for(stream), ctx.chat,
-                                         env_id=job.env_id, seed=seed, hinted=hinted,
-                                         model=model, policy_version=version,
-                                         cfg=ctx.cfg.rollout, params=job.params,
-                                         group=ctx.routes["agent"].group)
+            ep = await play_in_sandbox(ctx.sandbox, job.code, ctx.pool_for(stream), ctx.chat,
+                                       env_id=job.env_id, seed=seed, hinted=hinted,
+                                       model=model, policy_version=version,
+                                       cfg=ctx.cfg.rollout, params=job.params,
+                                       group=ctx.routes["agent"].group)
         except (SandboxError, EndpointError) as exc:
-            return Episode(f"ep-{uuid.uuid4().hex[:12]}", job.env_id, seed, hinted, version,
-                           model, error=f"{type(exc).__name__}: {exc}",
-                           error_kind=failure_kind(exc))
+            ep = Episode(f"ep-{uuid.uuid4().hex[:12]}", job.env_id, seed, hinted, version,
+                         model, error=f"{type(exc).__name__}: {exc}",
+                         error_kind=failure_kind(exc))
         finally:
             ctx.in_flight["episodes"] -= 1
+        ep.seconds = round(time.monotonic() - t0, 3)
+        return ep
 
     async def _record_episode(self, ep: Episode) -> None:
         ctx = self.ctx

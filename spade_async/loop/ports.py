@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from spade_async.envs.validate import ValidationReport
+from spade_async.envs.validation_report import ValidationReport
 from spade_async.reward.regret import DesignStatus
 
 

@@ -20,7 +20,7 @@ from memory_db.schema import variant_id
 from memory_db.store import EnvMemory
 from memory_db.store import open_memory as _open_memory
 from spade_async.core.config import SpadeConfig, memory_config
-from spade_async.envs.validate import ValidationReport
+from spade_async.envs.validation_report import ValidationReport
 from spade_async.loop.ports import StoredEnv
 from spade_async.reward.regret import DesignStatus
 

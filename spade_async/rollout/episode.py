@@ -78,6 +78,7 @@ class Episode:
     hint_copy: float | None = None
     path: str = "tokens"  # tokens (ids, trainable) or chat (text: evaluation only)
     chat_completion_tokens: int = 0  # what the server reported sampling, on the chat path
+    seconds: float = 0.0  # wall time of the try, requests and sandbox steps (the cost ledger)
 
     @property
     def sampled_tokens(self) -> int:

@@ -17,7 +17,7 @@ import anyio
 
 from spade_async.core.config import SandboxConfig
 from spade_async.core.logs import get_logger
-from spade_async.envs.contract import check_meta
+from spade_async.envs.replies import check_meta
 from spade_async.sandbox.cgroups import SlotCgroups
 from spade_async.sandbox.errors import SandboxError, WorkerStartError
 from spade_async.sandbox.isolation import MB, Isolation, choose_isolation

@@ -1,20 +1,14 @@
 """An environment loaded in its worker: `reset`/`step`/`hint`/`solution` as frozen results.
-Replies are untrusted: `contract.check_*` validates them here, outside the sandbox."""
+Replies are untrusted: `replies.check_*` validates them here, outside the sandbox."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from spade_async.core.config import SandboxConfig
-from spade_async.envs.contract import (
-    ContractError,
-    EnvMeta,
-    ResetResult,
-    StepResult,
-    check_reset,
-    check_step,
-    resolve_params,
-)
+from spade_async.envs.contract import ContractError, EnvMeta, ResetResult, StepResult
+from spade_async.envs.knobs import resolve_params
+from spade_async.envs.replies import check_reset, check_step
 from spade_async.sandbox.errors import SandboxError
 from spade_async.sandbox.worker import Worker
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 
-from spade_async.envs.validate import ValidationReport
+from spade_async.envs.validation_report import ValidationReport
 from spade_async.loop.ports import StoredEnv
 from spade_async.reward.regret import DesignStatus, EnvRegret
 

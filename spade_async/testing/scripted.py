@@ -1,6 +1,7 @@
 """A scripted policy for deterministic daemon runs against the fake endpoint: the designer's
 first reply (per document) is a known valid environment, its second is unusable; the agent
-answers correctly only when the privileged hint is in its prompt (so regret is exactly 1)."""
+answers correctly only when the privileged hint is in its prompt (so regret is exactly 1), in
+its own environment and in the arithmetic seed family."""
 
 from __future__ import annotations
 
@@ -66,10 +67,28 @@ class Script:
                 reply = reply.removeprefix("```python\n")
         else:
             numbers = re.findall(r"say (\d+)", text)
+            # the arithmetic seed family: "What is 12 + 80? ..."
+            sums = re.findall(r"What is (\d+(?: [-+*] \d+)+)\?", text)
+            if sums:
+                numbers = re.findall(r"\d+", sums[0])
             solves = "Privileged hint" in text or (
                 self.unhinted_solves_even and bool(numbers) and int(numbers[0]) % 2 == 0)
-            reply = numbers[-1] if numbers and solves else "0"
+            answer = (str(_arithmetic(sums[-1])) if sums else numbers[-1]) if numbers else "0"
+            reply = answer if solves else "0"
         return self.chat.encode(reply) + [self.chat.tok.eos_token_id]
+
+
+def _arithmetic(expr: str) -> int:
+    """`12 + 80 - 3` (and `*`), with the usual precedence."""
+    tokens = expr.split()
+    terms: list[int] = [int(tokens[0])]
+    for op, num in zip(tokens[1::2], tokens[2::2], strict=True):
+        n = int(num)
+        if op == "*":
+            terms[-1] *= n
+        else:
+            terms.append(n if op == "+" else -n)
+    return sum(terms)
 
 
 RELAY_CODE = '''import random
@@ -161,7 +180,8 @@ def serve(port: int, tokenizer: str, token_latency_s: float = 0.0, mixed: bool =
     crash tests, `spade bench pipeline`)."""
     import uvicorn
 
-    from spade_async.testing.fake_openai import FakeState, build_app
+    from spade_async.testing.fake.app import build_app
+    from spade_async.testing.fake.state import FakeState
 
     chat = ChatTokens.from_pretrained(tokenizer)
     script = MixedScript(chat) if mixed else Script(chat, per_document=True)

@@ -9,6 +9,8 @@ from pydantic import Field, ValidationInfo, field_validator
 from spade_async.core.config.seeds import seed_catalog
 from spade_async.core.strict import Strict
 
+SuiteName = Literal["reasoning-gym", "reasoning-gym-easy", "bfcl-multi-turn", "probe"]
+
 
 class ProbeVariantConfig(Strict):
     """One variant of the probe suite: a seed environment at chosen knob values."""
@@ -22,10 +24,10 @@ class ProbeVariantConfig(Strict):
 class EvalConfig(Strict):
     """Held-out evaluation (`spade eval`, and the daemon's periodic one), and the probe."""
 
-    suites: list[Literal["reasoning-gym", "bfcl-multi-turn", "probe"]] = Field(
-        ["reasoning-gym", "bfcl-multi-turn"], description="suites run by default (probe: a "
-        "fixed set of training variants, not held out; run it with --suite probe or list it "
-        "here)")
+    suites: list[SuiteName] = Field(
+        ["reasoning-gym", "bfcl-multi-turn"], description="suites run by default "
+        "(reasoning-gym-easy: the same generators at their smallest sizes; probe: a fixed set "
+        "of training variants, not held out; run it with --suite probe or list it here)")
     probe_variants: list[ProbeVariantConfig] | None = Field(
         None, min_length=1, description="the probe suite's variants. None: every seed "
         "environment at the points probe_rungs names")
@@ -49,7 +51,7 @@ class EvalConfig(Strict):
     every_versions: int = Field(0, ge=0, description="the daemon evaluates every N-th published "
                                 "version in the background (0: never; `spade eval` any time)")
     reasoning_gym_per_generator: int = Field(8, ge=1, description="tasks per reasoning-gym "
-                                             "generator (6 generators)")
+                                             "generator (6 generators; reasoning-gym-easy: 5)")
     bfcl_tasks: int = Field(10, ge=1, description="BFCL-v4 multi-turn base entries, the first N")
     max_tokens: int = Field(384, ge=16, description="completion budget of one answer / turn")
     max_seq_len: int = Field(8192, ge=512, description="prompt + turns of one task: BFCL's tool "

@@ -13,6 +13,7 @@ from spade_async.core.config.corpus import CorpusConfig
 from spade_async.core.config.daemon import DaemonConfig
 from spade_async.core.config.endpoints import EndpointConfig, PoolConfig, RolesConfig
 from spade_async.core.config.eval import EvalConfig
+from spade_async.core.config.experiment import ExperimentConfig
 from spade_async.core.config.rollout import RegretConfig, RolloutConfig
 from spade_async.core.config.sandbox import SandboxConfig, ValidationConfig
 from spade_async.core.config.trainer import TrainerConfig
@@ -62,6 +63,7 @@ class SpadeConfig(Strict):
     memory: MemoryConfig = Field(default_factory=MemoryConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
+    experiment: ExperimentConfig = Field(default_factory=ExperimentConfig)
 
     # The trainer scores tokens under the distribution they were sampled from. vLLM reports the
     # log-prob of the unscaled (temperature 1) distribution by default (raw_logprobs); a config
