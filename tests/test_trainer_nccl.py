@@ -11,6 +11,7 @@ from structlog.testing import capture_logs
 
 from spade_async.core.config import EndpointConfig, PoolConfig, SpadeConfig, VllmNcclSwap
 from spade_async.core.config.trainer import TrainerConfig
+from spade_async.core.policy import current_version
 from spade_async.inference.launch import free_port as _free_port
 from spade_async.inference.pool import EndpointPool
 from spade_async.testing.fake.server import FakeOpenAIServer
@@ -19,7 +20,6 @@ from trainer.publish import Publisher, PublishError
 from trainer.swap.base import SwapError, WedgedServer
 from trainer.swap.factory import make_swapper
 from trainer.swap.nccl import NcclSwapper
-from trainer.versions import read_current
 
 POOL = PoolConfig(max_attempts=1, backoff_initial_s=0.01, wait_for_endpoint_s=2)
 TENSORS = [("model.embed_tokens.weight", "bfloat16", (256, 64)),
@@ -289,7 +289,7 @@ def test_publisher_retries_reports_and_never_records_a_partial_publish(tmp_path)
     assert [e["attempt"] for e in attempts] == [1, 2, 3]
     assert all(e["endpoint"] == "down" for e in attempts)
     assert up.state.weight_version == "1"  # the healthy one was updated...
-    assert read_current(tmp_path / "weights") == 0  # ...but the daemon is not told
+    assert current_version(tmp_path) == 0  # ...but the daemon is not told
 
 
 @pytest.mark.parametrize("swap", ["vllm-lora", "vllm-reload"])
@@ -321,7 +321,7 @@ def test_a_restarted_server_gets_the_published_version_back(tmp_path, swap):
     else:
         assert server.state.weights_path == str(version_dir.resolve())
     assert [e["event"] for e in logs if e["log_level"] != "debug"][:1] == ["endpoint_lost_version"]
-    assert read_current(tmp_path / "weights") == 2
+    assert current_version(tmp_path) == 2
 
 
 def test_master_address_port_range_and_version_checks(monkeypatch):
@@ -423,4 +423,4 @@ def test_restore_lost_pushes_into_a_server_held_paused_by_a_partial_update(tmp_p
             transfer.corrupt = False
             assert pub.restore_lost(1) == ["gpu"]
     assert not state.paused and state.weight_version == "1"
-    assert read_current(tmp_path / "weights") == 1
+    assert current_version(tmp_path) == 1

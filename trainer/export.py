@@ -14,13 +14,13 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 from spade_async.core.io import fsync_dir
+from spade_async.core.policy import version_dir, weights_dir
 from trainer.model import adapter_state_dict, merged_state_dict, save_full_weights, ties_embeddings
 from trainer.parallel import inner
 from trainer.step import StepRunner
-from trainer.versions import version_dir
 
 
-def export_version(runner: StepRunner, kind: str, weights: Path, version: int, *,
+def export_version(runner: StepRunner, kind: str, data_dir: Path, version: int, *,
                    transfer: Any = None) -> Path:
     """Collective: gather the weights to rank 0, which writes `weights/vN` atomically: a peft
     adapter directory (kind 'adapter') or a full HF checkpoint in the serving dtype with any
@@ -28,7 +28,7 @@ def export_version(runner: StepRunner, kind: str, weights: Path, version: int, *
     adapter = kind == "adapter"
     full = get_model_state_dict(runner.model, options=StateDictOptions(
         full_state_dict=True, cpu_offload=True, ignore_frozen_params=adapter))
-    path = version_dir(weights, version)
+    weights, path = weights_dir(data_dir), version_dir(data_dir, version)
     if runner.d.is_main:
         tmp = weights / f".v{version}.tmp"
         shutil.rmtree(tmp, ignore_errors=True)

@@ -23,6 +23,7 @@ from typing import Any
 from spade_async.core.config import SpadeConfig, checkpoint_dir
 from spade_async.core.config.trainer import TrainerConfig, trainer_root
 from spade_async.core.logs import get_logger
+from spade_async.core.policy import current_version, version_dir, weights_dir
 from spade_async.core.spool.batch import Batch, SpoolError
 from spade_async.core.spool.files import FileSpool
 from trainer.checkpoint import Checkpointer, TrainerState
@@ -31,7 +32,6 @@ from trainer.export import export_version
 from trainer.parallel import Dist, broadcast_int
 from trainer.publish import Publisher, PublishError, artifact_kind
 from trainer.step import StepRunner
-from trainer.versions import read_current, version_dir, weights_root
 
 log = get_logger("trainer")
 
@@ -53,7 +53,7 @@ class Trainer:
         self.max_steps, self.exit_when_idle_s = max_steps, exit_when_idle_s
         self.root = trainer_root(cfg, tcfg)
         self.base_dir = base_model_dir(cfg, tcfg)
-        self.weights = weights_root(cfg)
+        self.weights = weights_dir(cfg.paths.data_dir)
         self.publishing = tcfg.publish_every_steps > 0
         self.kind = artifact_kind(cfg, tcfg) if self.publishing else None
         self.stop_requested = False
@@ -230,14 +230,14 @@ class Trainer:
     def _export(self, version: int) -> Path:
         transfer = (self.publisher if self.publisher is not None and self.publisher.transfers
                     else None)
-        return export_version(self.runner, self.kind or "adapter", self.weights, version,
+        return export_version(self.runner, self.kind or "adapter", self.cfg.paths.data_dir, version,
                               transfer=transfer)
 
     def _resume_publish(self) -> None:
         """After a restart: push the checkpoint's version if current.json is behind it."""
         if not self.publishing:
             return
-        published = read_current(self.weights)  # every rank reads it: one shared decision
+        published = current_version(self.cfg.paths.data_dir)  # every rank: one shared decision
         if published > self.version:
             raise RuntimeError(
                 f"{self.weights / 'current.json'} names version {published}, but the latest "
@@ -248,7 +248,7 @@ class Trainer:
             if self.d.is_main and self.publisher is not None:
                 self.publisher.adopt_server_state(self.version)
             return
-        path = version_dir(self.weights, self.version)
+        path = version_dir(self.cfg.paths.data_dir, self.version)
         if not path.is_dir():  # cannot happen when the export precedes the checkpoint
             path = self._export(self.version)
         if self.d.is_main and self.publisher is not None:

@@ -24,9 +24,8 @@ from anyio.from_thread import start_blocking_portal
 
 from spade_async.core.config import EndpointConfig, SpadeConfig
 from spade_async.core.config.trainer import TrainerConfig
-from spade_async.core.io import atomic_write_json
 from spade_async.core.logs import get_logger
-from spade_async.core.policy import CURRENT
+from spade_async.core.policy import current_version, version_dir, weights_dir, write_current
 from spade_async.inference.errors import EndpointError
 from spade_async.inference.pool import EndpointPool
 from trainer.swap.base import WeightSwapper
@@ -34,7 +33,7 @@ from trainer.swap.factory import make_swapper
 from trainer.swap.lora import LoraSwapper
 from trainer.swap.nccl import NcclSwapper
 from trainer.swap.none import NoSwapper
-from trainer.versions import prune_versions, read_current, version_dir, weights_root
+from trainer.versions import prune_versions
 
 log = get_logger("trainer.publish")
 
@@ -92,7 +91,8 @@ class Publisher:
         endpoint)` raises when a vllm-nccl server's vLLM is not the trainer's."""
         self.cfg, self.tcfg = cfg, tcfg
         self.kind = artifact_kind(cfg, tcfg)
-        self.root = weights_root(cfg)
+        self.data_dir = cfg.paths.data_dir
+        self.root = weights_dir(self.data_dir)
         self.endpoints = [e for e in cfg.endpoints if e.weight_swap.type != "none"]
         self.nccl = [e for e in self.endpoints if e.weight_swap.type == "vllm-nccl"]
         self.needs_transfer = bool(self.nccl)
@@ -151,7 +151,7 @@ class Publisher:
         return names.pop()
 
     def current(self) -> int:
-        return read_current(self.root)
+        return current_version(self.data_dir)
 
     def adopt_server_state(self, version: int) -> None:
         """After a restart at `version`: LoRA swappers learn which of our adapters each server
@@ -183,7 +183,7 @@ class Publisher:
         the endpoints restored; one that fails is logged and tried at the next check."""
         if version == 0:
             return []
-        path = version_dir(self.root, version)
+        path = version_dir(self.data_dir, version)
         restored = []
         for health in self.portal.call(self.pool.check):
             swapper = self.swappers[health.name]
@@ -226,13 +226,13 @@ class Publisher:
         t0 = time.perf_counter() if started is None else started
         swap_s, attempts = self.portal.call(self._push_all, version, path)
         model = self.model_name(version)
-        atomic_write_json(self.root / CURRENT, {
+        write_current(self.data_dir, {
             "version": version, "model": model, "path": str(path),
             "endpoints": sorted(swap_s), "published_at": time.time()})
         report = PublishReport(version, model, time.perf_counter() - t0, swap_s, attempts)
         log.info("version_published", version=version, model=model,
                  seconds=round(report.seconds, 4), endpoints=swap_s)
-        prune_versions(self.root, self.tcfg.keep_versions, keep=version)
+        prune_versions(self.data_dir, self.tcfg.keep_versions, keep=version)
         return report
 
     async def _push_all(self, version: int, path: Path) -> tuple[dict[str, float], dict[str, int]]:

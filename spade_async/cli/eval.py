@@ -19,13 +19,13 @@ async def _serve_published_adapter(cfg: SpadeConfig, pool: Any, version: int, mo
     few; a restarted server holds none) is loaded again from its weight directory, so a past
     version can be evaluated after the run. Endpoints of other kinds are left alone."""
     from spade_async.core.config import VllmLoraSwap
+    from spade_async.core.policy import version_dir
     from spade_async.inference.errors import EndpointError, EndpointRequestError
-    from trainer.versions import version_dir, weights_root
 
     if version == 0 or model == cfg.model.served_name:
         return
     await pool.check()
-    path = version_dir(weights_root(cfg), version)
+    path = version_dir(cfg.paths.data_dir, version)
     for ep in cfg.endpoints:
         if not isinstance(ep.weight_swap, VllmLoraSwap) or ep.name in pool.serves(model):
             continue

@@ -24,6 +24,20 @@ def current_path(data_dir: Path) -> Path:
     return weights_dir(data_dir) / CURRENT
 
 
+def version_dir(data_dir: Path, version: int) -> Path:
+    """Where the trainer exports version N (`weights/vN`: an adapter or a full checkpoint)."""
+    return weights_dir(data_dir) / f"v{version}"
+
+
+def current_version(data_dir: Path) -> int:
+    """The published version (0: none yet, the base model). A record that is there but cannot
+    be read raises: the trainer must not guess which version it published."""
+    try:
+        return int(json.loads(current_path(data_dir).read_text())["version"])
+    except FileNotFoundError:
+        return 0
+
+
 def read_current(data_dir: Path) -> dict[str, Any] | None:
     """The record as written, or None when there is none (or it cannot be read)."""
     try:
