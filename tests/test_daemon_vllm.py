@@ -14,6 +14,7 @@ import pytest
 
 from memory_db.config import MemoryConfig
 from memory_db.store import open_memory
+from spade_async.testing.stack import one_endpoint_toml
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
@@ -28,14 +29,8 @@ def test_spade_run_two_iterations_on_vllm_cpu(vllm_server, checkpoint, tmp_path)
         "the top item, and peek reads it without removing it.",
     ])))
     cfg = tmp_path / "spade.toml"
-    cfg.write_text(f"""
-[paths]
-data_dir = "{tmp_path / 'data'}"
-[model]
-tokenizer = "{checkpoint}"
-[[endpoints]]
-name = "cpu"
-base_url = "{vllm_server.base_url}"
+    cfg.write_text(one_endpoint_toml(tmp_path / "data", checkpoint, "cpu", vllm_server.base_url)
+                  + f"""
 request_timeout_s = 300
 [sandbox]
 slots = 8

@@ -18,6 +18,7 @@ from spade_async.corpus.chunking import chunk_document
 from spade_async.corpus.sources import make_source
 from spade_async.evals.base import load_results, model_for_version
 from spade_async.evals.reasoning_gym_suite import GENERATORS, ReasoningGymSuite
+from spade_async.testing.stack import one_endpoint_toml
 
 REPO = Path(__file__).resolve().parents[1]
 SEEDS = sorted(p for p in (REPO / "spade_async" / "envs" / "seeds").glob("*.py")
@@ -100,14 +101,8 @@ def test_held_out_tasks_are_not_in_the_corpus_nor_the_memory(tmp_path):
 @pytest.mark.slow
 def test_spade_eval_runs_against_vllm_and_report_plots_it(vllm_server, checkpoint, tmp_path):
     cfg = tmp_path / "spade.toml"
-    cfg.write_text(f"""
-[paths]
-data_dir = "{tmp_path / 'data'}"
-[model]
-tokenizer = "{checkpoint}"
-[[endpoints]]
-name = "vllm"
-base_url = "{vllm_server.base_url}"
+    cfg.write_text(one_endpoint_toml(tmp_path / "data", checkpoint, "vllm", vllm_server.base_url)
+                  + """
 [memory]
 embedding_model = "hash-384"
 [eval]

@@ -31,6 +31,7 @@ from spade_async.evals.reasoning_gym_suite import (
     lenient_answer,
 )
 from spade_async.testing.fake.server import FakeOpenAIServer
+from spade_async.testing.stack import one_endpoint_toml
 
 FOUR = ("A", "B", "C", "D")
 
@@ -182,14 +183,8 @@ def test_spade_eval_prints_strict_and_lenient_against_the_fake(tmp_path, checkpo
     server.start()
     try:
         cfg = tmp_path / "spade.toml"
-        cfg.write_text(f"""
-[paths]
-data_dir = "{tmp_path / 'data'}"
-[model]
-tokenizer = "{checkpoint}"
-[[endpoints]]
-name = "fake"
-base_url = "{server.base_url}"
+        cfg.write_text(one_endpoint_toml(tmp_path / "data", checkpoint, "fake", server.base_url)
+                       + """
 [memory]
 embedding_model = "hash-384"
 [eval]

@@ -23,6 +23,7 @@ from spade_async.reward.regret import DesignStatus
 from spade_async.sandbox.runtime import Sandbox
 from spade_async.testing.memory import DictMemory
 from spade_async.testing.scripted import ENV_CODE, Script
+from spade_async.testing.stack import one_endpoint_toml
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -123,14 +124,8 @@ def test_daemon_evaluates_published_versions_in_the_background(fake, checkpoint,
     server, chat = fake
     server.state.script = Script(chat, unhinted_solves_even=True)
     cfg_file = tmp_path / "spade.toml"
-    cfg_file.write_text(f"""
-[paths]
-data_dir = "{tmp_path / 'data'}"
-[model]
-tokenizer = "{checkpoint}"
-[[endpoints]]
-name = "fake"
-base_url = "{server.base_url}"
+    cfg_file.write_text(one_endpoint_toml(tmp_path / "data", checkpoint, "fake", server.base_url)
+                       + """
 [sandbox]
 slots = 8
 warm_workers = 2

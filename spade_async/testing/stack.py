@@ -56,3 +56,17 @@ publish_every_steps = 1
 checkpoint_every_steps = 1
 publish_retry_s = 1.0
 """
+
+
+def one_endpoint_toml(data_dir: Path, tokenizer: Path, name: str, base_url: str) -> str:
+    """The head of a test config: its data dir, the tokenizer, one endpoint (more sections
+    go after it)."""
+    return f"""
+[paths]
+data_dir = "{data_dir}"
+[model]
+tokenizer = "{tokenizer}"
+[[endpoints]]
+name = "{name}"
+base_url = "{base_url}"
+"""
