@@ -176,3 +176,53 @@ max_tokens = 32
     assert daemon.counters["evals"] == 2 and not daemon.counters["eval_failures"]
     assert daemon.counters["fixed_plays"] >= 1  # the loop kept playing meanwhile
     assert (data / "eval" / "v1" / "reasoning-gym.jsonl").is_file()
+
+
+def test_fixed_rungs_play_each_environment_at_its_defaults_and_its_easiest_point(
+        fake, checkpoint, tmp_path):
+    """daemon.fixed_rungs = ["default", "easiest"]: a seed with knobs is played at both points
+    (the easiest resolved from its own knob declarations), one without knobs once."""
+    from spade_async.envs.knobs import declared_params, easiest_point
+
+    server, chat = fake
+    server.state.script = Script(chat, unhinted_solves_even=True)
+    cfg_file = tmp_path / "spade.toml"
+    cfg_file.write_text(one_endpoint_toml(tmp_path / "data", checkpoint, "fake", server.base_url)
+                        + """
+[sandbox]
+slots = 8
+warm_workers = 2
+[rollout]
+k_unhinted = 2
+k_hinted = 1
+max_tokens_per_turn = 16
+[daemon]
+mode = "fixed"
+fixed_rungs = ["default", "easiest"]
+""")
+    cfg = load_config(cfg_file, environ={})
+    memory = DictMemory()
+    arithmetic = (REPO / "spade_async" / "envs" / "seeds" / "arithmetic.py").read_text()
+
+    async def main() -> None:
+        async with EndpointPool(cfg.endpoints, cfg.pool) as pool, Sandbox(cfg.sandbox) as sb:
+            for code in (arithmetic, ENV_CODE):
+                await memory.add_design(code, _accepted_report(), doc_id="seed",
+                                        chunk_id="seed", excerpt="", policy_version=0)
+            spool = FileSpool(cfg.paths.data_dir / "spool", writer=True)
+            daemon = Daemon(cfg, pool=pool, sandbox=sb, memory=memory, spool=spool,
+                            corpus=CorpusSampler.__new__(CorpusSampler), chat=chat,
+                            run_dir=cfg.paths.data_dir / "run")
+            await daemon.run(max_iterations=3)  # one pass over the three variants
+            spool.close()
+
+    anyio.run(main)
+    plays = [json.loads(x) for x in (cfg.paths.data_dir / "run" / "plays.jsonl").read_text()
+             .splitlines()]
+    easiest = easiest_point(declared_params(arithmetic))
+    by_name = sorted((p["name"], json.dumps(p["params"], sort_keys=True)) for p in plays)
+    defaults = next(p["params"] for p in plays if p["name"] == "arithmetic"
+                    and p["params"] != easiest)
+    assert by_name == sorted([("arithmetic", json.dumps(easiest, sort_keys=True)),
+                              ("arithmetic", json.dumps(defaults, sort_keys=True)),
+                              ("countdown", "{}")])

@@ -9,13 +9,16 @@ from pathlib import Path
 
 import anyio
 
+from memory_db.schema import variant_id
 from spade_async.core.logs import get_logger
 from spade_async.corpus.sampler import CorpusSampler
+from spade_async.envs.knobs import easiest_point
 from spade_async.loop.context import LoopContext
 from spade_async.loop.design import Documents
 from spade_async.loop.edit import Edits
 from spade_async.loop.failures import GaveUp
 from spade_async.loop.jobs import PlayJob
+from spade_async.loop.ports import StoredEnv
 from spade_async.reward.regret import DesignStatus
 
 log = get_logger("daemon")
@@ -157,15 +160,38 @@ class FixedSource:
     def __init__(self, ctx: LoopContext, pace: TrainerPace) -> None:
         self.ctx, self.pace = ctx, pace
 
+    async def _variants(self, envs: list[StoredEnv]) -> list[StoredEnv]:
+        """Each environment at every point `daemon.fixed_rungs` names (an environment without
+        knobs, or one whose knobs cannot be read, once at its defaults)."""
+        ctx, rungs = self.ctx, self.ctx.cfg.daemon.fixed_rungs
+        out: list[StoredEnv] = []
+        for env in envs:
+            points: list[dict] = []
+            if "easiest" in rungs:
+                try:
+                    specs = (await ctx.meta(env.env_id, env.code)).params
+                except GaveUp:
+                    specs = ()
+                if specs:
+                    points.append(easiest_point(specs))
+            if ("default" in rungs or not points) and env.params not in points:
+                points.insert(0, dict(env.params))
+            for params in points:
+                out.append(env if params == env.params else StoredEnv(
+                    env.env_id, env.code, env.name, params=params,
+                    variant_id=variant_id(env.env_id, params)))
+        return out
+
     async def run(self, send_env, limit: int | None) -> None:
         ctx = self.ctx
-        pool = await ctx.memory.fixed_pool()
+        pool = await self._variants(await ctx.memory.fixed_pool())
         if not pool:
             log.error("fixed_pool_empty", hint="set daemon.bootstrap_seeds = true, or add "
                       "environments with `spade memory add`")
             ctx.stop("fixed pool empty")
             return
-        log.info("fixed_pool", environments=len(pool))
+        log.info("fixed_pool", environments=len({e.env_id for e in pool}), variants=len(pool),
+                 rungs=ctx.cfg.daemon.fixed_rungs)
         order = list(pool)
         started = 0
         async with send_env:

@@ -18,6 +18,11 @@ class DaemonConfig(Strict):
         "the fixed-environment baseline: no designer and no corpus; the agent plays the "
         "environments the memory holds when the run starts (with bootstrap_seeds, the 18 seeds), "
         "in a shuffled round robin, through the same episodes, regret, batches and trainer")
+    fixed_rungs: list[Literal["default", "easiest"]] = Field(
+        ["default"], min_length=1, description="mode fixed: the points each environment with "
+        "knobs is played at: its defaults, its easiest point (each knob's `easy` value), or "
+        "both (a baseline a small model has a signal on: the seeds' defaults are out of its "
+        "reach, so it would train on nothing)")
     designs_per_document: int = Field(4, ge=1, description="G: designs drawn per document")
     designer_max_tokens: int = Field(1536, ge=64, description="completion budget of one design")
     designer_temperature: float = Field(1.0, ge=0)
