@@ -150,7 +150,8 @@ class Runner:
                            and time.time() - float(status.get("updated_at", 0)) < 3 * interval + 15)
                 if looping and alive:
                     st.first_started = st.first_started or time.time()
-                    st.elapsed_s += now - last_tick
+                    if not stop_sent:  # the loop's time; the final evaluation is not budget
+                        st.elapsed_s += now - last_tick
                 last_tick = now
                 p = progress.read(st.elapsed_s)
                 if not stop_sent and alive and looping and spent(self.kind, self.amount, p):
