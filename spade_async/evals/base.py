@@ -273,7 +273,7 @@ def load_results(data_dir: Path) -> list[dict[str, Any]]:
 
 def model_for_version(cfg: Any, version: int, current: tuple[int, str]) -> str:
     """The model name requests use for `version`, given the published (version, model): with
-    vllm-lora every loaded version has its adapter `<served>-v<N>`; the full-weight backends
+    vllm-lora every loaded version has its adapter `model.adapter_name(N)`; the full-weight backends
     hold only the version they reloaded, under the base name."""
     cur_version, cur_model = current
     if version == cur_version:
@@ -284,7 +284,7 @@ def model_for_version(cfg: Any, version: int, current: tuple[int, str]) -> str:
     if version > cur_version:
         raise ValueError(f"version {version} is not published yet (newest: {cur_version})")
     if swaps == {"vllm-lora"}:
-        return f"{cfg.model.served_name}-v{version}" if version else cfg.model.served_name
+        return cfg.model.adapter_name(version) if version else cfg.model.served_name
     raise ValueError(f"the servers hold only version {cur_version} ({', '.join(sorted(swaps))} "
                      "replaces the weights); evaluate a version while it is the newest, e.g. "
                      "with eval.every_versions")

@@ -1,7 +1,8 @@
 """Where an experiment lives: `<experiment dir>/<name>/` holds `experiment.json` (its state),
 `report/`, and one data dir per arm, `arms/<arm>/`, with the arm's own config file `arm.toml`:
 the experiment's config (by `extends`) with the arm's tables laid over it, its data dir, the
-shared base checkpoint, and the held-out evaluation the experiment asks for."""
+shared base checkpoint, the prefix of its adapters (`<served_name>-<arm>`), and the held-out
+evaluation the experiment asks for."""
 
 from __future__ import annotations
 
@@ -34,8 +35,11 @@ def arm_tables(cfg: SpadeConfig, config_path: Path, exp_dir: Path, arm: str) -> 
              "models_dir": str(checkpoint_dir(cfg).parent.resolve())}
     evals = {"every_versions": cfg.experiment.eval_every_versions,
              "suites": list(cfg.experiment.suites)}
+    # the arm's adapters are its own, even on a vllm-lora server the arms share
+    model = {"adapter_prefix": f"{cfg.model.served_name}-{arm}", **tables.get("model", {})}
     return {"extends": str(config_path.resolve()), **tables,
             "paths": {**tables.get("paths", {}), **paths},
+            "model": model,
             "eval": {**tables.get("eval", {}), **evals}}
 
 

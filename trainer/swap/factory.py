@@ -10,10 +10,12 @@ from trainer.swap.none import NoSwapper
 from trainer.swap.reload import ReloadSwapper
 
 
-def make_swapper(pool: EndpointPool, endpoint: str, served_name: str) -> WeightSwapper:
+def make_swapper(pool: EndpointPool, endpoint: str, served_name: str,
+                 adapter_prefix: str | None = None) -> WeightSwapper:
     backend = pool.config(endpoint).weight_swap
     if backend.type == "vllm-lora":
-        return LoraSwapper(pool, endpoint, served_name, backend.max_loaded_adapters)
+        return LoraSwapper(pool, endpoint, served_name, backend.max_loaded_adapters,
+                           adapter_prefix=adapter_prefix)
     if backend.type == "vllm-reload":
         return ReloadSwapper(pool, endpoint, served_name)
     if backend.type == "none":

@@ -1,4 +1,5 @@
-"""`vllm-lora`: load adapter `<served>-vN` over HTTP; requests then name it as the model;
+"""`vllm-lora`: load adapter `<prefix>-vN` over HTTP (the prefix is `model.adapter_prefix`,
+by default the served name); requests then name it as the model;
 adapters beyond `max_loaded_adapters` are unloaded once their in-flight requests have finished.
 """
 
@@ -18,14 +19,21 @@ log = get_logger("swap")
 
 class LoraSwapper(WeightSwapper):
     def __init__(self, pool: EndpointPool, endpoint: str, served_name: str,
-                 max_loaded_adapters: int = 4, drain_timeout_s: float = 300.0) -> None:
+                 max_loaded_adapters: int = 4, drain_timeout_s: float = 300.0,
+                 adapter_prefix: str | None = None) -> None:
         super().__init__(pool, endpoint, served_name)
+        self.adapter_prefix = adapter_prefix or served_name
         self.max_loaded = max_loaded_adapters
         self.drain_timeout_s = drain_timeout_s
         self.loaded: list[int] = []
 
     def model_name(self, version: int) -> str:
-        return f"{self.served_name}-v{version}"
+        return f"{self.adapter_prefix}-v{version}"
+
+    def version_of(self, adapter: str) -> int | None:
+        """The version an adapter name of this lineage serves; None for anyone else's."""
+        head, sep, tail = adapter.rpartition("-v")
+        return int(tail) if sep and head == self.adapter_prefix and tail.isdigit() else None
 
     async def _swap(self, version: int, path: Path) -> None:
         if not (path / "adapter_config.json").is_file():

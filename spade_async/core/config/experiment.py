@@ -17,6 +17,7 @@ BUILTIN_ARMS: dict[str, dict[str, Any]] = {
     "spade": {"daemon": {"mode": "spade"}},
     "fixed": {"daemon": {"mode": "fixed"}},
 }
+ARM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")  # a directory and an adapter prefix
 BUDGET = re.compile(r"^(versions|minutes|tokens)=(\d+(?:\.\d+)?)$")
 
 
@@ -39,9 +40,12 @@ class ExperimentConfig(Strict):
                            "(relative to the repo): its processes are started and stopped with "
                            "the arm, so every arm's servers start from the base weights")
     processes: list[str] | None = Field(None, min_length=1, description="which of its "
-                                        "processes to start (None: all; leave out inference "
-                                        "when the endpoints are served elsewhere and hold no "
-                                        "other arm's weights)")
+                                        "processes to start (None: all). Leave out inference "
+                                        "when the endpoints are served elsewhere: arms can "
+                                        "share a vllm-lora server, as each publishes its "
+                                        "adapters as <served_name>-<arm>-vN, but a full-weight "
+                                        "backend would start the next arm from the last one's "
+                                        "weights")
     final_eval_timeout_s: float = Field(1800.0, gt=0, description="how long an arm that has "
                                         "spent its budget may take to evaluate its last version")
     arm_overrides: dict[str, dict[str, Any]] = Field(
@@ -61,6 +65,10 @@ class ExperimentConfig(Strict):
         if unknown:
             raise ValueError(f"experiment.arms: unknown arm {', '.join(map(repr, unknown))} "
                              f"(known: {', '.join([*BUILTIN_ARMS, *self.arm_overrides])})")
+        bad = [a for a in [*self.arms, *self.arm_overrides] if not ARM_NAME.match(a)]
+        if bad:
+            raise ValueError(f"experiment arm name {bad[0]!r}: letters, digits, '_', '.' and "
+                             "'-' (it names the arm's directory and its adapters)")
         if len(set(self.arms)) != len(self.arms):
             raise ValueError("experiment.arms: an arm is named twice")
         return self

