@@ -134,18 +134,27 @@ async def test_endpoint_dying_mid_run_backs_off_and_continues(fake, tmp_path):
             await tg.start(pool.run)
 
             async def outage() -> None:
-                while daemon.counters["episodes"] < 2:
-                    await anyio.sleep(0.02)
+                # at the first agent turn: each episode still has turns to play, so the run
+                # needs the endpoint after the outage (waiting for whole episodes raced the
+                # run's end; an outage among the designs would cut the scripted designer's
+                # one good reply)
+                while not any("agent in an interactive" in chat.decode(c["prompt"][:200])
+                              for c in list(server.state.completions)):
+                    await anyio.sleep(0.01)
                 await anyio.to_thread.run_sync(server.stop)
+                served_before.append(len(server.state.completions))
                 await anyio.sleep(1.5)
                 assert not pool.is_up("fake")
                 await anyio.to_thread.run_sync(server.start)
+
+            served_before: list[int] = []
 
             tg.start_soon(outage)
             await daemon.run(max_iterations=2)
             tg.cancel_scope.cancel()
     assert daemon.iterations == 2
     assert pool.is_up("fake")
+    assert len(server.state.completions) > served_before[0]  # the run went on after the outage
     # Waited out: no episode failed for good, no play was given up, nothing was dropped.
     assert daemon.counters["episode_errors"] == 0
     assert not daemon.failures.given_up
