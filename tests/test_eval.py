@@ -169,3 +169,27 @@ def test_eval_loads_a_published_adapter_the_server_no_longer_holds(tmp_path):
             anyio.run(main, 2)
     finally:
         server.stop()
+
+
+def test_periodic_evaluation_points_survive_an_evaluation_slower_than_training():
+    """every_versions = 2: v0, v2, v4, ... When v2 is published and replaced while v0's
+    evaluation still runs, the newest version (v3) is evaluated in its place, once; v4 is due
+    again as usual. Versions already evaluated never are again (a restart reads them back)."""
+    from spade_async.loop.evaluator import due_for_evaluation
+
+    done: set[int] = set()
+    assert due_for_evaluation(0, 2, done)
+    done.add(0)
+    assert not due_for_evaluation(1, 2, done)
+    assert due_for_evaluation(2, 2, done)        # on time
+    assert due_for_evaluation(3, 2, done)        # v2 went by during v0's evaluation
+    done.add(3)
+    assert not due_for_evaluation(3, 2, done)    # not twice
+    assert due_for_evaluation(4, 2, done)
+    done.add(4)
+    assert not due_for_evaluation(5, 2, done)
+    # a restart at v7 whose last run stopped before evaluating v6
+    assert due_for_evaluation(7, 2, {0, 2, 4})
+    assert not due_for_evaluation(7, 2, {0, 2, 4, 6})
+    # every version (every_versions = 1): each one not yet evaluated
+    assert due_for_evaluation(5, 1, {0, 1, 2}) and not due_for_evaluation(2, 1, {0, 1, 2})

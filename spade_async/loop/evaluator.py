@@ -13,9 +13,23 @@ from spade_async.loop.failures import failure_kind
 log = get_logger("daemon")
 
 
+def due_for_evaluation(version: int, every: int, done: set[int]) -> bool:
+    """Whether the newest published `version` is evaluated now: when it is an `every`-th
+    version, or when the last `every`-th version went by unevaluated while an evaluation ran
+    (evaluation slower than training): the newest version then stands in for it, rather than
+    the curve losing that point (an older adapter may be retired mid-evaluation)."""
+    if version in done:
+        return False
+    if version % every == 0:
+        return True
+    missed = version - version % every
+    return missed not in done and missed > max(done, default=-1)
+
+
 class Evaluator:
     """Held-out evaluation of every `eval.every_versions`-th published version (version 0,
-    the base model, included), in the background: its requests share the pool with the
+    the base model, included; the newest one when an evaluation outlasted that version), in
+    the background: its requests share the pool with the
     loop's, at `eval.concurrency`, and a failure is logged, never raised into the loop.
     Versions already in <data_dir>/eval/results.jsonl are not evaluated again."""
 
@@ -37,7 +51,7 @@ class Evaluator:
         every = self.ctx.cfg.eval.every_versions
         while True:
             self.ctx.policy.refresh()
-            if self.ctx.policy.version % every == 0:
+            if due_for_evaluation(self.ctx.policy.version, every, self._evaluated()):
                 await self.evaluate_current()
             await anyio.sleep(self.ctx.cfg.daemon.status_interval_s)
 
