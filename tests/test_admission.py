@@ -18,6 +18,7 @@ from spade_async.core.config import (
     SpadeConfig,
 )
 from spade_async.core.config.corpus import CorpusConfig, JsonlSourceConfig
+from spade_async.core.config.trainer import TrainerConfig
 from spade_async.core.spool.files import FileSpool
 from spade_async.corpus.sampler import CorpusSampler
 from spade_async.inference.pool import EndpointPool
@@ -119,6 +120,7 @@ def _config(tmp_path, servers: list[tuple[FakeOpenAIServer, int]], **daemon) -> 
         rollout=RolloutConfig(k_unhinted=3, k_hinted=2, max_tokens_per_turn=16),
         daemon=DaemonConfig(designs_per_document=2, examples_k=0, replay_probability=0.0,
                             status_interval_s=0.05, **daemon),
+        trainer=TrainerConfig(max_staleness=daemon.get("max_staleness", 2)),
         corpus=CorpusConfig(source=JsonlSourceConfig(path=corpus, id_field="id"), min_chars=10),
     )
 
@@ -207,7 +209,8 @@ async def test_a_hungry_trainer_gets_replays_first_and_the_designer_still_progre
     server, chat = fake
     server.state.script = Script(chat, per_document=True)
     server.state.token_latency_s = 0.002
-    cfg = _config(tmp_path, [(server, 4)], max_batches_ahead=2, documents_in_flight=2)
+    cfg = _config(tmp_path, [(server, 4)], max_batches_ahead=2, max_staleness=3,
+                  documents_in_flight=2)
     spool = FileSpool(tmp_path / "spool", writer=True)
     trainer_side = FileSpool(tmp_path / "spool")
     sampler = CorpusSampler.from_config(cfg.corpus, tmp_path / "corpus.json", autocommit=False)

@@ -325,3 +325,7 @@ async def test_failed_episodes_stay_out_of_regret_and_memory_and_are_counted(fak
     status = json.loads((tmp_path / "run" / "status.json").read_text())
     assert status["counters"]["episode_errors"] == len(failed)
     assert status["failures"]["by_kind"]["episode.http_5xx"] == len(failed)
+    # the sample ledger: every episode written or dropped, the failed ones as failed
+    agent = status["ledger"]["agent"]
+    assert agent["played"] == len(episodes) and agent["dropped"]["failed"] == len(failed)
+    assert agent["played"] == agent["written"] + sum(agent["dropped"].values())

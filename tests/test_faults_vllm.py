@@ -79,6 +79,7 @@ examples_k = 0
 replay_probability = 1.0
 bootstrap_seeds = true
 max_batches_ahead = 2
+max_staleness = 3
 document_attempts = 2
 item_attempts = 2
 status_interval_s = 0.5
@@ -94,6 +95,7 @@ embedding_model = "hash-384"
 [trainer]
 mode = "lora"
 lora_rank = 8
+max_staleness = 3
 lr = 1e-4
 micro_batch_tokens = 2048
 publish_every_steps = 1

@@ -4,6 +4,8 @@ A document is committed as used only after its batch is written."""
 
 from __future__ import annotations
 
+from collections import Counter
+
 import anyio
 
 from spade_async.core.logs import get_logger
@@ -24,16 +26,24 @@ class Batches:
     async def finish_group(self, group: DocGroup) -> None:
         """Every design of the group has its reward: the batch, then the document is used."""
         ctx = self.ctx
-        rcfg = ctx.cfg.regret
+        rcfg, ledger = ctx.cfg.regret, ctx.ledger
+        # Answered designs whose validation or memory write was given up have no reward.
+        ledger.drop("designer", "failed", group.answered - len(group.designs))
         # A design whose environment could not be scored (its play was given up) has no
         # reward: it is left out of the group rather than paid for our failures.
-        designs = [d for d in group.designs
-                   if group.env_of.get(d.design_id) not in group.unscored
-                   and d.design_id not in group.untrainable]
+        designs = []
+        for d in group.designs:
+            if group.env_of.get(d.design_id) in group.unscored:
+                ledger.drop("designer", "unscored")
+            elif d.design_id in group.untrainable:
+                ledger.drop("designer", "untrainable")
+            else:
+                designs.append(d)
         if not ctx.routes["designer"].trained:
             # A frozen designer (another model): its designs are rewarded in the logs and the
             # memory, but never trained on; the agent's samples go as usual.
             ctx.counters["designer_samples_frozen"] += len(designs)
+            ledger.drop("designer", "frozen", len(designs))
             designs = []
         rewards = [design_reward(group.status[d.design_id],
                                  group.regrets.get(group.env_of.get(d.design_id, "")), rcfg,
@@ -42,6 +52,7 @@ class Batches:
         adv = group_advantages(rewards, rcfg.advantage_eps) if designs else None
         if adv is None and designs:
             ctx.counters["designer_groups_zero_variance"] += 1
+            ledger.drop("designer", "zero_variance", len(designs))
         elif adv is not None:
             for d, a, r in zip(designs, adv, rewards, strict=True):
                 samples.append(Sample(
@@ -65,6 +76,8 @@ class Batches:
         floor = ctx.policy.version - ctx.cfg.daemon.max_staleness
         fresh = [s for s in samples if s.policy_version >= floor]
         ctx.counters["samples_stale_dropped"] += len(samples) - len(fresh)
+        for role, n in Counter(s.role for s in samples if s.policy_version < floor).items():
+            ctx.ledger.drop(role, "stale", n)
         if not fresh:
             return
         try:  # a failed write leaves no batch behind (temp file, then rename): safe to redo
@@ -73,7 +86,11 @@ class Batches:
                 attempts=ctx.cfg.daemon.item_attempts, samples=len(fresh))
         except GaveUp as exc:
             await ctx.failures.give_up("batch", str(exc), samples=len(fresh))
+            for role, n in Counter(s.role for s in fresh).items():
+                ctx.ledger.drop(role, "write_failed", n)
             return
+        for role, n in Counter(s.role for s in fresh).items():
+            ctx.ledger.write(role, n)
         ctx.counters["batches"] += 1
         ctx.counters["samples"] += len(fresh)
         m = ctx.metrics

@@ -26,8 +26,10 @@ from spade_async.inference.pool import EndpointPool
 from spade_async.inference.roles import ROLES, role_route
 from spade_async.loop.admission import Admission, Stream, StreamPool
 from spade_async.loop.failures import Failures
+from spade_async.loop.ledger import SampleLedger
 from spade_async.loop.metrics import Metrics
 from spade_async.loop.ports import MemoryPort
+from spade_async.loop.usage import CountingPool, TokenUsage
 from spade_async.sandbox.runtime import Sandbox
 
 log = get_logger("daemon")
@@ -52,6 +54,8 @@ class LoopContext:
         self.rng = random.Random(cfg.corpus.seed)
         self.metrics = Metrics()
         self.failures = Failures(run_dir, self.metrics)
+        self.ledger = SampleLedger(self.metrics)  # every played sample: written or dropped
+        self.usage = TokenUsage(self.metrics)  # prompt and sampled tokens per role
         # who designs, plays and evaluates where, and by which path (DESIGN §5)
         self.routes = {r: role_route(cfg, r) for r in ROLES}
         self.stop_requested = anyio.Event()  # the CLI starts its drain deadline on it
@@ -100,9 +104,11 @@ class LoopContext:
 
     # ---- shared operations -----------------------------------------------------------------
 
-    def pool_for(self, stream: Stream | None) -> Any:
-        """The pool for one admitted stream's requests (its first marks it started)."""
-        return self.pool if stream is None else StreamPool(self.pool, stream)
+    def pool_for(self, stream: Stream | None, role: str) -> Any:
+        """The pool for one admitted stream's requests (its first marks it started), whose
+        completions' tokens count under `role` (agent or designer)."""
+        return CountingPool(self.pool if stream is None else StreamPool(self.pool, stream),
+                            self.usage, role)
 
     async def validate(self, code: str, params: dict[str, Any] | None = None,
                        **context: Any) -> ValidationReport:

@@ -85,7 +85,7 @@ async def designer_request(ctx: LoopContext, group: DocGroup, move_stage: str,
     stream = group.streams.take() if group.streams is not None else None
     t0 = time.monotonic()
     try:
-        d = await call(ctx.pool_for(stream))
+        d = await call(ctx.pool_for(stream, "designer"))
     except EndpointError as exc:
         ctx.failures.count(move_stage, exc.kind, exc, **context)
         group.request_failures.append(exc.kind)
@@ -96,6 +96,8 @@ async def designer_request(ctx: LoopContext, group: DocGroup, move_stage: str,
             stream.end()
     ctx.counters["designs"] += 1
     ctx.counters[f"moves_{group.move}_proposed"] += 1
+    ctx.ledger.play("designer")
+    group.answered += 1  # the batch stage drops those that never joined group.designs
     ctx.sampled_with(d.policy_version, episode=False)
     return d, time.monotonic() - t0
 

@@ -50,6 +50,8 @@ class DocGroup:
     move: str = "write"
     label: str = ""  # the chunk id, or "edit:<variant id>"
     untrainable: set[str] = field(default_factory=set)  # designs with no trustworthy sample
+    answered: int = 0  # design requests the endpoint answered (in group.designs unless the
+    # design's validation or memory write was given up)
     streams: Reservation | None = None  # its design requests' admission (one per request)
     pending: int = 0
     done: anyio.Event = field(default_factory=anyio.Event)

@@ -20,6 +20,15 @@ class Metrics:
         self.samples = Counter("spade_samples", "samples written, by role", ["role"], registry=r)
         self.stale = Counter("spade_samples_stale_dropped", "samples older than max_staleness",
                              registry=r)
+        self.samples_played = Counter(
+            "spade_samples_played", "samples played: agent episodes that ran to their end "
+            "(failed or not) and designs the endpoint answered, by role", ["role"], registry=r)
+        self.samples_dropped = Counter(
+            "spade_samples_dropped", "played samples never written to the spool, by role and "
+            "reason (spade_async/loop/ledger.py)", ["role", "reason"], registry=r)
+        self.request_tokens = Counter(
+            "spade_request_tokens", "tokens of the requests designs and episodes sent, by role "
+            "and kind (prompt: prefilled; sampled: decoded)", ["role", "kind"], registry=r)
         self.regret = Histogram("spade_env_regret", "regret per played environment",
                                 buckets=(0, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 1.0), registry=r)
         self.policy_version = Gauge("spade_policy_version", "newest published policy version",

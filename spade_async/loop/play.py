@@ -213,8 +213,8 @@ class Player:
         ctx.in_flight["episodes"] += 1
         t0 = time.monotonic()
         try:
-            ep = await play_in_sandbox(ctx.sandbox, job.code, ctx.pool_for(stream), ctx.chat,
-                                       env_id=job.env_id, seed=seed, hinted=hinted,
+            ep = await play_in_sandbox(ctx.sandbox, job.code, ctx.pool_for(stream, "agent"),
+                                       ctx.chat, env_id=job.env_id, seed=seed, hinted=hinted,
                                        model=model, policy_version=version,
                                        cfg=ctx.cfg.rollout, params=job.params,
                                        group=ctx.routes["agent"].group)
@@ -234,6 +234,7 @@ class Player:
         if ep.error:
             ctx.counters["episode_errors"] += 1
         ctx.counters["tokens_sampled"] += ep.sampled_tokens
+        ctx.ledger.play("agent")
         ctx.metrics.episodes.labels(str(ep.hinted).lower(), "error" if ep.error else "ok").inc()
         ctx.metrics.tokens.labels("agent").inc(ep.sampled_tokens)
         await ctx.append("episodes", {"time": time.time(), **ep.as_record()})
@@ -242,16 +243,28 @@ class Player:
 
     def _agent_samples(self, results: dict[bool, list[Episode]]) -> list[Sample]:
         """Group-normalised advantages of the finished episodes, per side (hinted ones only
-        with regret.train_on_hinted); a side with no variance gives none."""
+        with regret.train_on_hinted); a side with no variance gives none. Every episode not
+        made a sample is dropped in the ledger with its reason."""
         ctx = self.ctx
-        eps = ctx.cfg.regret.advantage_eps
-        groups = [results[False]] + ([results[True]] if ctx.cfg.regret.train_on_hinted else [])
+        eps, on_hinted = ctx.cfg.regret.advantage_eps, ctx.cfg.regret.train_on_hinted
         out: list[Sample] = []
-        for episodes in groups:
-            usable = [e for e in episodes if e.sampled_tokens and e.error is None]
+        for hinted, episodes in sorted(results.items()):
+            usable = []
+            for e in episodes:
+                if e.error is not None:
+                    ctx.ledger.drop("agent", "failed")
+                elif not e.sampled_tokens:
+                    ctx.ledger.drop("agent", "no_tokens")
+                elif hinted and not on_hinted:
+                    ctx.ledger.drop("agent", "hinted")
+                else:
+                    usable.append(e)
+            if hinted and not on_hinted:
+                continue
             adv = group_advantages([e.score for e in usable], eps)
             if adv is None:
                 ctx.counters["agent_groups_zero_variance"] += 1
+                ctx.ledger.drop("agent", "zero_variance", len(usable))
                 continue
             for e, a in zip(usable, adv, strict=True):
                 out.append(Sample(

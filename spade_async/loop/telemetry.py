@@ -1,6 +1,7 @@
 """What the loop says about itself while it runs: `<run_dir>/status.json` (what `spade status`
-reads), the Prometheus gauges, and each endpoint's saturation over the last minute and over the
-run, split by whether the daemon was waiting for the trainer (DESIGN §10)."""
+reads: counters, the sample ledger, tokens per role), the Prometheus gauges, and each
+endpoint's saturation over the last minute and over the run, split by whether the daemon was
+waiting for the trainer (DESIGN §10)."""
 
 from __future__ import annotations
 
@@ -60,6 +61,10 @@ class Telemetry:
             "policy_version": ctx.policy.version,
             "model": ctx.policy.model,
             "counters": dict(ctx.counters),
+            # every played sample: written to the spool, dropped (by reason) or in flight
+            "ledger": ctx.ledger.as_dict(),
+            # prompt and sampled tokens of every design and episode request, and their rates
+            "tokens": ctx.usage.as_dict(),
             "failures": ctx.failures.as_dict(),
             "rejection_reasons": dict(ctx.reasons),
             "in_flight": dict(ctx.in_flight),
@@ -97,6 +102,7 @@ class Telemetry:
                 window.append(ep["in_flight"] / ep["max_concurrency"])
                 self._account_saturation(ep["name"])
             m.queue_depth.set(ctx.queue_depth())
+            ctx.usage.tick()
             await anyio.to_thread.run_sync(self.write_status)
             await anyio.sleep(interval)
 

@@ -58,7 +58,10 @@ class DaemonConfig(Strict):
     env_queue: int = Field(8, ge=1, description="bounded stream: accepted envs awaiting play")
     replay_probability: float = Field(0.25, ge=0, le=1, description="chance that the next env "
                                       "played comes from the replay sampler instead")
-    max_staleness: int = Field(2, ge=0, description="samples more policy versions old are dropped")
+    max_staleness: int = Field(2, ge=0, description="samples more policy versions old are "
+                               "dropped when their batch is written (counted as stale); with "
+                               "max_batches_ahead set it must be >= max_batches_ahead + 1, "
+                               "as must trainer.max_staleness (checked)")
     max_batches_ahead: int = Field(
         0, ge=0, description="back-pressure from the trainer: start no new document while this "
         "many written batches wait for it (the spool's taken mark); documents in flight still "

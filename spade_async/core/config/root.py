@@ -109,6 +109,25 @@ class SpadeConfig(Strict):
         return self
 
     @model_validator(mode="after")
+    def _staleness_covers_batches_ahead(self) -> SpadeConfig:
+        """A sample written while `max_batches_ahead` batches wait is trained after those
+        batches' steps, each a version (plus the one published while it was sampled): with
+        a smaller max_staleness either side drops fresh work as stale (batches 4 and 5 of a
+        run were)."""
+        ahead = self.daemon.max_batches_ahead
+        if ahead <= 0:
+            return self
+        for key, value in (("daemon.max_staleness", self.daemon.max_staleness),
+                           ("trainer.max_staleness", self.trainer.max_staleness)):
+            if value < ahead + 1:
+                raise ValueError(
+                    f"{key} ({value}) must be >= daemon.max_batches_ahead + 1 ({ahead + 1}): "
+                    f"a sample written behind {ahead} waiting batches is up to {ahead + 1} "
+                    f"versions old when the trainer reaches it, so it would be dropped as "
+                    f"stale; raise {key} or lower daemon.max_batches_ahead")
+        return self
+
+    @model_validator(mode="after")
     def _sampling_matches_training(self) -> SpadeConfig:
         t = sampling_temperature(self)
         if (self.daemon.mode == "spade" and not self.roles.frozen_designer
