@@ -24,6 +24,7 @@ from spade_async.core.config.corpus import CorpusConfig, JsonlSourceConfig
 from spade_async.core.spool.files import FileSpool
 from spade_async.corpus.sampler import CorpusSampler
 from spade_async.design.edit import candidate_params, edit_messages, propose_edit, render_params
+from spade_async.envs.knob_steps import edit_steps
 from spade_async.envs.knobs import check_params_schema, resolve_params
 from spade_async.inference.constrained import TokenBytes
 from spade_async.inference.pool import EndpointPool
@@ -74,14 +75,16 @@ def test_candidates_are_one_knob_neighbours_within_range():
     cands = candidate_params(SPECS, current, random.Random(0), limit=32)
     assert cands and all(resolve_params(SPECS, c) == c for c in cands)  # every one is valid
     for c in cands:
-        assert sum(c[k] != current[k] for k in current) == 1
-    digits = sorted(c["digits"] for c in cands if c["digits"] != 10)
-    assert digits == [6, 9, 11, 14]  # one step, and a quarter-range jump on a wide range
+        assert [k for k in current if c[k] != current[k]] == [
+            k for k, n in edit_steps(SPECS, current, c).items() if n == 1]
+    # digits 1..20 is wide: its scale doubles (1, 2, 4, 8, 20), 10 lies between 8 and 20
+    assert sorted(c["digits"] for c in cands if c["digits"] != 10) == [8, 20]
     assert sorted(c["op"] for c in cands if c["op"] != "+") == ["-"]  # the adjacent choice
     assert [c["carry"] for c in cands if c["carry"]] == [True]
+    assert sorted(c["noise"] for c in cands if c["noise"] != 0.5) == [0.4, 0.6]
     # at a range's end only the inward moves remain; the limit is spread over the knobs
     edge = candidate_params(SPECS, {**current, "digits": 1}, random.Random(0), limit=32)
-    assert sorted(c["digits"] for c in edge if c["digits"] != 1) == [2, 5]
+    assert sorted(c["digits"] for c in edge if c["digits"] != 1) == [2]
     few = candidate_params(SPECS, current, random.Random(1), limit=4)
     assert len(few) == 4 and {next(k for k in current if c[k] != current[k])
                               for c in few} == set(current)
@@ -175,15 +178,24 @@ async def test_daemon_edits_move_the_knob_where_learnability_pays(fake_with_choi
                if x]
     assert designs and {d["move"] for d in designs} == {"edit"}
     assert all(d["status"] == "accepted" and d["family"] == "levels" for d in designs)
-    # the first edits start from the easiest point (level 0, which the agent always solves:
-    # nothing to learn); later ones from the last variant played
+    # the first edits start from the easiest point (level 0, never played): one step up is
+    # the only move, so the parent's own setting is offered beside it; later ones from the
+    # most learnable variant played
     assert designs[0]["parent"].startswith("lv.")
-    assert {d["params"]["level"] for d in designs[:4]} <= {1, 3}
+    assert {d["params"]["level"] for d in designs[:4]} <= {0, 1}
+    assert designs[0]["direction"] == "either" and designs[0]["parent_solve"] is None
+    for d in designs:  # one knob, moved at most one neighbour step (level 0..12: steps of 1)
+        assert d["knob_steps"] == {"level": abs(d["params"]["level"]
+                                                - d["parent_params"]["level"])}
+        assert d["knob_steps"]["level"] <= 1
+        if d["parent_solve"] == 1.0:  # always solved: only harder (or the parent again)
+            assert d["direction"] == "harder"
+            assert d["params"]["level"] >= d["parent_params"]["level"]
     plays = [json.loads(x) for x in (tmp_path / "run" / "plays.jsonl").read_text().split("\n")
              if x]
     assert all(p["move"] == "edit" and p["name"] == "levels" for p in plays)
     levels = [p["params"]["level"] for p in plays]
-    assert max(levels) >= 3  # the knob moved up, toward where the agent solves about half
+    assert max(levels) >= 2  # the knob moved up, toward where the agent solves about half
     for p in plays:  # the reward is learnability: 4 p (1 - p) of the unhinted solve rate
         solved = sum(s >= 1 for s in p["unhinted"]) / len(p["unhinted"])
         assert p["designer_reward"] == pytest.approx(4 * solved * (1 - solved))
@@ -208,3 +220,40 @@ async def test_daemon_edits_move_the_knob_where_learnability_pays(fake_with_choi
     counters = json.loads((tmp_path / "run" / "status.json").read_text())["counters"]
     assert counters["moves_edit_proposed"] == len(designs) == counters["moves_edit_accepted"]
     assert counters["moves_edit_played"] == len(plays) and "moves_write_proposed" not in counters
+
+
+@pytest.mark.parametrize(("unhinted", "direction", "levels"), [
+    ([0.0] * 12, "easier", {5, 6}),  # never solved: one step toward easy, or play it again
+    ([1.0] * 12, "harder", {6, 7}),  # always solved: one step away from easy, or again
+    ([1.0] * 6 + [0.0] * 6, "either", {5, 7}),  # in between: both neighbours
+])
+async def test_daemon_edit_options_follow_the_parents_solve_rate(fake_with_choices, tmp_path,
+                                                                 unhinted, direction, levels):
+    server, chat = fake_with_choices
+    server.state.script = _agent(chat)
+    offered: list[list[str]] = []
+
+    def choose(choices, prompt):
+        offered.append(list(choices))
+        return choices[len(offered) % len(choices)]
+
+    server.state.choose = choose
+    cfg = _daemon_config(tmp_path, server, "learnability")
+    memory = DictMemory()
+    memory.envs["lv"] = {"code": LEVEL_ENV, "status": "accepted", "doc_id": "seed:levels",
+                         "chunk_id": "seed", "reason": "", "policy_version": 0}
+    await memory.record_play("lv", unhinted, [1.0, 1.0], params={"level": 6})
+    spool = FileSpool(tmp_path / "spool", writer=True)
+    sampler = CorpusSampler.from_config(cfg.corpus, tmp_path / "corpus.json", autocommit=False)
+    async with EndpointPool(cfg.endpoints, cfg.pool) as pool, Sandbox(cfg.sandbox) as sb:
+        daemon = Daemon(cfg, pool=pool, sandbox=sb, memory=memory, spool=spool, corpus=sampler,
+                        chat=chat, run_dir=tmp_path / "run")
+        await daemon.run(max_iterations=1)
+
+    assert offered and all({json.loads(o)["level"] for o in opts} == levels for opts in offered)
+    designs = [json.loads(x) for x in (tmp_path / "run" / "designs.jsonl").read_text().split("\n")
+               if x]
+    assert designs and all(d["direction"] == direction and d["parent_params"] == {"level": 6}
+                           for d in designs)
+    assert {d["parent_solve"] for d in designs} == {sum(unhinted) / len(unhinted)}
+    assert all(d["knob_steps"]["level"] <= 1 for d in designs)

@@ -26,6 +26,7 @@ def make_report(
         moves_text,
         probe_text,
     )
+    from spade_async.report.frontier import frontier_text
     from spade_async.report.write import write_report
 
     cfg = config_or_exit(config)
@@ -37,6 +38,7 @@ def make_report(
     typer.echo(f"{s['designs']} designs ({s['accepted']} accepted), {s['episodes']} episodes, "
                f"{s['trainer_steps']} trainer steps, versions {s['versions_published']}")
     typer.echo(f"moves: {moves_text(s['moves'])}")
+    typer.echo(f"frontier: {frontier_text(s['frontier'])}")
     if s["curriculum"]:
         rows = [CURRICULUM_HEAD, *(curriculum_cells(r) for r in s["curriculum"])]
         widths = [max(len(r[i]) for r in rows) for i in range(len(CURRICULUM_HEAD))]

@@ -23,6 +23,7 @@ from typing import Any
 
 from spade_async.design.designer import Design
 from spade_async.envs.contract import ParamSpec
+from spade_async.envs.knob_steps import move_direction, neighbour_values
 from spade_async.inference.chat_tokens import ChatTokens
 from spade_async.inference.constrained import (
     ConstraintError,
@@ -48,44 +49,28 @@ def render_params(params: dict[str, Any]) -> str:
     return json.dumps(params, sort_keys=True, ensure_ascii=False, separators=(", ", ": "))
 
 
-def _int_steps(spec: ParamSpec, v: int) -> list[int]:
-    span = int(spec.max) - int(spec.min)
-    steps = {v - 1, v + 1}
-    if span >= 8:  # wide ranges also get a jump, so a few edits can cross them
-        jump = max(2, span // 4)
-        steps |= {v - jump, v + jump}
-    return sorted(x for x in steps if spec.min <= x <= spec.max and x != v)
-
-
-def _float_steps(spec: ParamSpec, v: float) -> list[float]:
-    span = float(spec.max) - float(spec.min)
-    out = {round(min(spec.max, max(spec.min, v + d * span)), 6) for d in (-0.25, -0.1, 0.1, 0.25)}
-    return sorted(x for x in out if x != v)
-
-
-def _choice_steps(spec: ParamSpec, v: Any) -> list[Any]:
-    choices = list(spec.choices or ())
-    i = choices.index(v) if v in choices else 0
-    return [choices[j] for j in (i - 1, i + 1) if 0 <= j < len(choices)]
+def wanted_direction(solve_rate: float | None, episodes: int, min_episodes: int) -> str:
+    """Which way the parent's knobs should move (ACCEL edits near the frontier): "easier" when
+    it was played (at least `min_episodes` unhinted episodes) and never solved, "harder" when
+    always solved, "either" otherwise (in between, or not measured yet)."""
+    if solve_rate is None or episodes < max(1, min_episodes):
+        return "either"
+    if solve_rate <= 0.0:
+        return "easier"
+    return "harder" if solve_rate >= 1.0 else "either"
 
 
 def candidate_params(specs: Sequence[ParamSpec], current: dict[str, Any], rng: random.Random,
-                     limit: int) -> list[dict[str, Any]]:
-    """Neighbours of `current`: one knob moved one step (an int knob on a wide range may also
-    jump a quarter of it). At most `limit`, drawn evenly over the knobs, in a shuffled order
-    so the list's position carries no hint."""
+                     limit: int, direction: str = "either") -> list[dict[str, Any]]:
+    """Neighbours of `current`: one knob moved one step on its scale
+    (`envs.knob_steps.neighbour_values`), only moves toward the knob's easy end when
+    `direction` is "easier", only away from it when "harder". At most `limit`, drawn evenly
+    over the knobs, in a shuffled order so the list's position carries no hint."""
     per_knob: list[list[dict[str, Any]]] = []
     for spec in specs:
         v = current[spec.name]
-        if spec.type == "int":
-            values: list[Any] = _int_steps(spec, int(v))
-        elif spec.type == "float":
-            values = _float_steps(spec, float(v))
-        elif spec.type == "bool":
-            values = [not v]
-        else:
-            values = _choice_steps(spec, v)
-        per_knob.append([{**current, spec.name: x} for x in values])
+        per_knob.append([{**current, spec.name: x} for x in neighbour_values(spec, v)
+                         if direction == "either" or move_direction(spec, v, x) == direction])
     out: list[dict[str, Any]] = []
     while len(out) < limit and any(per_knob):  # round robin over knobs
         for options in per_knob:
@@ -93,6 +78,27 @@ def candidate_params(specs: Sequence[ParamSpec], current: dict[str, Any], rng: r
                 out.append(options.pop(rng.randrange(len(options))))
     rng.shuffle(out)
     return out
+
+
+def frontier_options(specs: Sequence[ParamSpec], current: dict[str, Any], rng: random.Random,
+                     limit: int, direction: str) -> tuple[list[dict[str, Any]], str]:
+    """The settings an edit offers the designer, and how they were drawn: the neighbours in
+    `direction` (`wanted_direction`). The policy still picks among them.
+
+    When no knob can move that way (unsolved at the easiest point, or always solved at the
+    hardest), the offer falls back ("fallback") to the neighbours in both directions plus the
+    parent's own setting: no setting is nearer the frontier, and playing the parent again
+    re-measures a rate taken from a few episodes, which the policy may judge the best move.
+    When fewer than two settings are on offer (one knob one step from its end), the parent's
+    own setting joins them too, so there is still a choice to make."""
+    out = candidate_params(specs, current, rng, limit, direction)
+    drawn = direction
+    if not out and direction != "either":
+        out, drawn = candidate_params(specs, current, rng, limit - 1, "either"), "fallback"
+    if (drawn == "fallback" or len(out) < 2) and current not in out:
+        out.append(dict(current))
+        rng.shuffle(out)
+    return out, drawn
 
 
 SIGNAL_TEXT = {

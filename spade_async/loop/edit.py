@@ -5,12 +5,19 @@ variants into the env stream; the group waits for their plays, then goes to the 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from memory_db.schema import variant_id
 from spade_async.core.logs import get_logger
-from spade_async.design.edit import VariantView, candidate_params, propose_edit
+from spade_async.design.edit import (
+    VariantView,
+    frontier_options,
+    propose_edit,
+    wanted_direction,
+)
 from spade_async.envs.contract import ContractError, EnvMeta
+from spade_async.envs.knob_steps import edit_steps
 from spade_async.envs.knobs import easiest_point, resolve_params
 from spade_async.envs.validation_report import ValidationReport
 from spade_async.inference.constrained import TokenBytes
@@ -25,6 +32,18 @@ from spade_async.loop.ports import StoredEnv
 from spade_async.reward.regret import DesignStatus
 
 log = get_logger("daemon")
+
+
+@dataclass(frozen=True)
+class EditOffer:
+    """What one edit group is offered: the parent's setting, the settings to choose from, how
+    they were drawn ("easier", "harder", "either" or "fallback") and the parent's unhinted
+    solve rate they were drawn by (None: not played)."""
+
+    current: dict[str, Any]
+    candidates: list[dict[str, Any]]
+    direction: str
+    parent_solve: float | None
 
 
 class Edits:
@@ -105,22 +124,19 @@ class Edits:
                 try:
                     meta = await ctx.meta(parent.env_id, parent.code)
                     current = resolve_params(meta.params, parent.params)
-                    played = [VariantView(v.params, v.episodes, v.stats.mean_unhinted,
-                                          v.stats.mean_hinted)
-                              for v in (await ctx.memory_op(
-                                  lambda: ctx.memory.variants(parent.env_id),
-                                  what="variants"))[:8]]
+                    variants = await ctx.memory_op(lambda: ctx.memory.variants(parent.env_id),
+                                                   what="variants")
                 except (GaveUp, ContractError) as exc:
                     await ctx.failures.give_up("edit", str(exc), env_id=parent.env_id)
                     return
-                candidates = candidate_params(meta.params, current, ctx.rng,
-                                              ctx.cfg.daemon.edit_options)
-                if len(candidates) < 2:
+                played = [VariantView(v.params, v.episodes, v.stats.mean_unhinted,
+                                      v.stats.mean_hinted) for v in variants[:8]]
+                offer = self._offer(meta, current, parent.variant_id, variants)
+                if len(offer.candidates) < 2:
                     ctx.counters["edit_without_options"] += 1
                     return
                 await design_rounds(
-                    ctx, group, lambda: self._one(group, parent, meta, current, played,
-                                                  candidates),
+                    ctx, group, lambda: self._one(group, parent, meta, played, offer),
                     ctx.cfg.daemon.edits_per_variant)
                 queued: set[str] = set()
                 jobs = []
@@ -140,11 +156,31 @@ class Edits:
         finally:
             group_ended(ctx, streams)
 
+    def _offer(self, meta: EnvMeta, current: dict[str, Any], parent_id: str,
+               variants: list[Any]) -> EditOffer:
+        """The settings offered for an edit of the parent variant `parent_id`: its neighbours
+        toward the frontier, by its unhinted solve rate (design/edit.py `frontier_options`).
+        A parent counts as played once it has half of one play's unhinted episodes (the
+        others may have failed and do not score). The rate is the mean unhinted score, the
+        memory's statistic: for the binary rewards of the seeds it is the solve rate; with
+        partial credit a mean of 0 or 1 still means a solve rate of 0 or 1, but a parent
+        never solved whose mean is above 0 is offered both directions."""
+        ctx = self.ctx
+        own = next((v for v in variants if v.id == parent_id), None)
+        rate = own.stats.mean_unhinted if own is not None else None
+        episodes = own.stats.episodes_unhinted if own is not None else 0
+        direction = wanted_direction(rate, episodes, (ctx.cfg.rollout.k_unhinted + 1) // 2)
+        candidates, drawn = frontier_options(meta.params, current, ctx.rng,
+                                             ctx.cfg.daemon.edit_options, direction)
+        if drawn == "fallback":
+            ctx.counters["edit_direction_fallback"] += 1
+        return EditOffer(current, candidates, drawn, rate)
+
     async def _one(self, group: DocGroup, parent: StoredEnv, meta: EnvMeta,
-                   current: dict[str, Any], played: list[VariantView],
-                   candidates: list[dict[str, Any]]) -> None:
+                   played: list[VariantView], offer: EditOffer) -> None:
         """One edit request and the validation of the variant it proposes."""
         ctx = self.ctx
+        current, candidates = offer.current, offer.candidates
         route = ctx.routes["designer"]
         got = await designer_request(ctx, group, "edit", lambda pool: propose_edit(
             pool, ctx.chat, self._vocabulary(), env_id=parent.env_id,
@@ -201,5 +237,10 @@ class Edits:
             "env_id": parent.env_id, "completion_tokens": d.completion_tokens,
             "progress": report.progress if report is not None else 0.0, "move": "edit",
             "parent": parent.variant_id, "params": d.params, "variant_id": vid,
+            "parent_params": current, "direction": offer.direction,
+            "parent_solve": offer.parent_solve,
+            # the steps each knob moved (envs/knob_steps.py): what the report checks
+            "knob_steps": None if d.params is None else edit_steps(meta.params, current,
+                                                                   d.params),
             "family": meta.name, "path": d.path, "model": d.model, "prompt_tokens": d.prompt_len,
             "design_s": round(design_s, 3), "validation_s": round(validation_s, 3)})

@@ -14,6 +14,7 @@ from spade_async.report.curriculum import (
     rate_text,
 )
 from spade_async.report.figures import PLOTS
+from spade_async.report.frontier import frontier_text
 
 
 def _html_table(head: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
@@ -36,6 +37,7 @@ def page_html(s: dict[str, Any]) -> str:
              f"{s['versions_published']}"),
             ("evaluations", s["evaluations"]),
             ("designer moves", moves_text(s["moves"])),
+            ("frontier", frontier_text(s["frontier"])),
             ("probe", "; ".join(probe_text(r) for r in s["probe"]) or "not run yet")]
     table = "\n".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>"
                       for k, v in rows)

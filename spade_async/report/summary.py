@@ -1,6 +1,6 @@
 """The report's summary: the run's counts (designs, rejections by reason, the memory, episodes,
-regret, hint leaks, trainer steps, evaluations, moves, curriculum, probe, saturation) as one dict,
-written as summary.json and printed by `spade report`."""
+regret, hint leaks, trainer steps, evaluations, moves, curriculum, frontier, probe, saturation)
+as one dict, written as summary.json and printed by `spade report`."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from spade_async.report.curriculum import (
     probe_summary,
 )
 from spade_async.report.data import RunData, design_outcome
+from spade_async.report.frontier import frontier_summary
 
 
 def _leak_summary(plays: list[dict]) -> dict[str, Any]:
@@ -61,6 +62,8 @@ def summary(cfg: SpadeConfig, d: RunData) -> dict[str, Any]:
         "moves": moves_summary(d.designs, d.plays, d.t0),
         "curriculum": curriculum_table(fams),
         "curriculum_families": fams,
+        # edit sizes in neighbour steps and where the plays' solve rates lie (report/frontier.py)
+        "frontier": frontier_summary(d.designs, d.plays, d.t0, cfg.validation.solution_score),
         "probe": probe_summary(d.evals),
         "saturation": _saturation(cfg),
     }
