@@ -4,6 +4,7 @@ same as JSON). The figures come from status_read; this module only renders them.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import typer
@@ -89,6 +90,8 @@ def _status_lines(st: dict, cfg: SpadeConfig) -> list[str]:
     lines.append(f"episodes   {c.get('episodes', 0)} ({c.get('episodes_unhinted', 0)} unhinted, "
                  f"{c.get('episodes_hinted', 0)} hinted, {c.get('episode_errors', 0)} errors), "
                  f"{c.get('tokens_sampled', 0)} tokens sampled, {c.get('replays', 0)} replays")
+    if st.get("tokens"):
+        lines.append(f"tokens     {_tokens_text(st['tokens'])}")
     f = st.get("failures") or {}
     by_kind, given_up = f.get("by_kind", {}), f.get("given_up", {})
     lines.append("failures   " + (", ".join(f"{k} {v}" for k, v in by_kind.items()) or "none")
@@ -120,8 +123,11 @@ def _status_lines(st: dict, cfg: SpadeConfig) -> list[str]:
         lines.append(f"admission  {adm['documents']} documents and {adm['plays']} plays in "
                      f"flight ({adm['episodes']} episodes of {cfg.sandbox.slots} sandbox slots), "
                      f"{adm['plays_waiting']} plays waiting; {groups}")
-    lines.append(f"batches    {c.get('batches', 0)} written ({c.get('samples', 0)} samples, "
-                 f"{c.get('samples_stale_dropped', 0)} dropped as stale)")
+    trainer_stale = ((t.get("ledger") or {}).get("dropped") or {}).get("stale", 0)
+    lines.append(f"batches    {c.get('batches', 0)} written ({c.get('samples', 0)} samples); "
+                 f"dropped as stale: {c.get('samples_stale_dropped', 0)} by the daemon, "
+                 f"{trainer_stale} by the trainer")
+    lines.append(f"samples    {_samples_text(st.get('samples'))}")
     if c.get("evals") or c.get("eval_failures") or inf.get("evals"):
         lines.append(f"eval       {c.get('evals', 0)} versions evaluated, "
                      f"{c.get('eval_failures', 0)} failed, {inf.get('evals', 0)} running "
@@ -130,7 +136,77 @@ def _status_lines(st: dict, cfg: SpadeConfig) -> list[str]:
         lines.append(f"trainer    no step yet; taken {t['taken_seq']} of {t['last_seq']} batches")
     else:
         lines.append(f"trainer    step {t['step']} ({t.get('last_event')} {t['last_event_age_s']}s"
-                     f" ago), taken {t['taken_seq']} of {t['last_seq']} batches, loss "
-                     f"{t.get('loss')}, {t.get('tokens_per_s')} tok/s, staleness "
-                     f"{t.get('staleness_mean')}, |dlogp| {t.get('logprob_abs_diff_mean')}")
+                     f" ago), taken {t['taken_seq']} of {t['last_seq']} batches"
+                     + _recent_steps_text(t.get("recent")) + f"; loss {t.get('loss')}, "
+                     f"staleness {t.get('staleness_mean')}, |dlogp| vs vLLM "
+                     f"{t.get('logprob_abs_diff_mean')}")
     return lines
+
+
+def _counts(d: dict) -> str:
+    return ", ".join(f"{k} {v}" for k, v in sorted(d.items(), key=lambda kv: (-kv[1], kv[0]))
+                     if v)
+
+
+def _samples_text(s: dict | None) -> str:
+    """Played -> written -> trained, and every drop with its reason, on both sides."""
+    if s is None:
+        return "no sample ledger in the daemon's status (a daemon from before it was counted)"
+    played = s["played"]
+    by_daemon = "; ".join(f"{role}: {_counts(d)}" for role, d in s["dropped_by_daemon"].items()
+                          if _counts(d))
+    n_dropped = sum(sum(d.values()) for d in s["dropped_by_daemon"].values())
+    out = (f"{sum(played.values())} played ({played.get('agent', 0)} agent episodes, "
+           f"{played.get('designer', 0)} designs): {s['written']} written to the spool, "
+           f"{n_dropped} dropped by the daemon" + (f" ({by_daemon})" if by_daemon else "")
+           + f", {s['in_flight']} in flight")
+    tl = s.get("trainer")
+    if tl is None:
+        return out + f"; the trainer: nothing yet, {s['waiting_in_spool']} waiting in the spool"
+    dropped = _counts(tl["dropped"])
+    buffered = "?" if tl.get("buffered") is None else tl["buffered"]
+    return (out + f"; the trainer (over its life): {tl['trained']} trained, "
+            f"{sum(tl['dropped'].values())} dropped" + (f" ({dropped})" if dropped else "")
+            + f", {buffered} buffered, {s['waiting_in_spool']} waiting in the spool")
+
+
+def _rate(x: float | None, unit: str = " tok/s") -> str:
+    return "-" if x is None else f"{x:.1f}{unit}"
+
+
+def _tokens_text(tok: dict) -> str:
+    """The loop's sampled tokens/s (designs and episodes) and its ratio to the bench."""
+    roles = tok.get("roles", {})
+    window = tok.get("window") or {}
+    secs = f"{window.get('seconds', 0):.0f} s"
+    out = (f"sampled {_rate(window.get('sampled_per_s'))} over the last {secs}, "
+           f"{_rate(tok.get('sampled_per_s'), '')} over the run (designs "
+           f"{roles.get('designer', {}).get('sampled', 0)}, episodes "
+           f"{roles.get('agent', {}).get('sampled', 0)} tokens), prompt "
+           f"{_rate(window.get('prompt_per_s'))}")
+    ref = tok.get("bench") or {}
+    if not ref.get("tokens_per_s"):
+        return out + f"; {ref.get('missing', 'no bench result')}"
+    when = (time.strftime("%Y-%m-%d", time.localtime(ref["measured_at"]))
+            if ref.get("measured_at") else "?")
+    ratio = [("-" if r is None else f"{r:.2f}x")
+             for r in (tok.get("ratio_window"), tok.get("ratio_run"))]
+    return (out + f"; {ratio[0]} (last {secs}), {ratio[1]} (run) of spade bench inference: "
+            f"{ref['tokens_per_s']:.1f} tok/s, {ref.get('streams') or '?'} streams "
+            f"{ref['what']}" + (f", x{ref['endpoints']} endpoints" if ref["endpoints"] > 1
+                                else "") + f", measured {when}")
+
+
+def _recent_steps_text(r: dict | None) -> str:
+    """The trainer's last steps: samples per step, tokens/s, padded/real, KL to the base."""
+    if not r:
+        return ""
+    kl = (f"KL to base {r['kl_base']:.4g}" if r.get("kl_base") is not None else
+          f"|dlogp| to base {r['logprob_abs_diff_base']:.4g}"
+          if r.get("logprob_abs_diff_base") is not None else "KL to base -")
+    pad = "-" if r.get("padding_ratio") is None else f"{r['padding_ratio']:.2f}"
+    per_hour = "" if r.get("steps_per_hour") is None else f", {r['steps_per_hour']:.1f} steps/h"
+    spp = "-" if r.get("samples_per_step") is None else f"{r['samples_per_step']:g}"
+    return (f"; last {r['steps']} steps: {spp} samples/step{per_hour}, "
+            f"{_rate(r.get('tokens_per_s'))} trained ({_rate(r.get('seq_tokens_per_s'))} of "
+            f"sequence), padded/real {pad}, {kl}")

@@ -26,8 +26,10 @@ def bench_inference(
     as_json: bool = JsonOpt,
 ) -> None:
     """vLLM start, 1- vs N-stream decode, LoRA hot-load and full reload; the same server without
-    --enable-lora; plain transformers generate at the same batch; the CPU it all ran on."""
+    --enable-lora; plain transformers generate at the same batch; the CPU it all ran on. The
+    result is saved as <data_dir>/bench/inference.json, where `spade status` finds it."""
     from spade_async.bench.inference import run_inference_bench
+    from spade_async.bench.saved import save_inference_result
     from spade_async.core.config import checkpoint_dir
     from spade_async.inference.errors import EndpointError
     from spade_async.inference.launch import LaunchError
@@ -43,6 +45,9 @@ def bench_inference(
         )
     except (LaunchError, EndpointError) as exc:
         raise fail(str(exc)) from None
+    # what `spade status` sets the loop's sampled tokens/s against
+    saved = save_inference_result(cfg, report)
+    typer.echo(f"[bench] saved {saved} (`spade status` compares the loop with it)", err=True)
     if as_json:
         typer.echo(json.dumps(report, indent=2))
         return

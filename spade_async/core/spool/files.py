@@ -201,6 +201,20 @@ class FileSpool(BatchSpool):
             table = upgrade_v1(table)
         return Batch(seq=seq, table=table, schema_version=version)
 
+    def batch_rows(self, seq: int) -> int | None:
+        """How many samples batch `seq` holds (from the file's record batches, without reading
+        its columns), or None when it is not there (not yet written, or collected)."""
+        try:
+            with pa.memory_map(str(self.dir / _batch_name(seq)), "rb") as source:
+                reader = pa.ipc.open_file(source)
+                return sum(reader.get_batch(i).num_rows
+                           for i in range(reader.num_record_batches))
+        except FileNotFoundError:
+            return None
+        except (pa.ArrowInvalid, OSError) as exc:
+            raise SpoolError(f"{self.dir / _batch_name(seq)}: not a readable batch: {exc}") \
+                from None
+
     def _check_schema(self, path: Path, seq: int, table: pa.Table) -> int:
         meta = table.schema.metadata or {}
         version = meta.get(b"schema_version", b"?").decode()
