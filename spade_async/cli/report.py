@@ -17,9 +17,10 @@ def make_report(
     as_json: bool = JsonOpt,
 ) -> None:
     """Plots of a run (live or finished): regret and solve rates, acceptance and rejection
-    reasons, memory diversity, the embedding map, trainer loss and log-prob mismatch,
-    held-out scores, designer moves, the curriculum the edits set per family, the probe's
-    solve rate per version; PNG files plus one HTML page that holds them."""
+    reasons, memory diversity, the embedding map, trainer loss and log-prob mismatch, the
+    trainer's drift from the base model, throughput and padding, held-out scores, designer
+    moves, the curriculum the edits set per family, the probe's solve rate per version; PNG
+    files plus one HTML page that holds them."""
     from spade_async.report.curriculum import (
         CURRICULUM_HEAD,
         curriculum_cells,
@@ -27,6 +28,7 @@ def make_report(
         probe_text,
     )
     from spade_async.report.frontier import frontier_text
+    from spade_async.report.training import ledger_text, training_text
     from spade_async.report.write import write_report
 
     cfg = config_or_exit(config)
@@ -37,6 +39,8 @@ def make_report(
         return
     typer.echo(f"{s['designs']} designs ({s['accepted']} accepted), {s['episodes']} episodes, "
                f"{s['trainer_steps']} trainer steps, versions {s['versions_published']}")
+    typer.echo(f"training: {training_text(s['training'])}")
+    typer.echo(f"samples: {ledger_text(s['training']['ledger'])}")
     typer.echo(f"moves: {moves_text(s['moves'])}")
     typer.echo(f"frontier: {frontier_text(s['frontier'])}")
     if s["curriculum"]:

@@ -24,6 +24,7 @@ from spade_async.report.plots import (
     plot_regret,
     plot_trainer,
 )
+from spade_async.report.training import plot_training
 
 PLOTS: list[tuple[str, str, str]] = [
     ("regret.png", "Regret and solve rates",
@@ -43,6 +44,10 @@ PLOTS: list[tuple[str, str, str]] = [
     ("trainer.png", "Trainer",
      "Loss per optimizer step and the mean absolute difference between the trainer's and the "
      "inference server's log-probs of the sampled tokens; grey lines mark published versions."),
+    ("training.png", "Training drift and throughput",
+     "Per optimizer step: the policy's KL to the base model and mean |log pi - log pi_base| "
+     "on the scored tokens; trained and sequence tokens per second; positions computed "
+     "(padding included) per real sequence token."),
     ("eval.png", "Held-out evaluation",
      "Scores per held-out suite for each evaluated policy version (`spade eval`)."),
     ("moves.png", "Designer moves",
@@ -76,6 +81,7 @@ LAYOUT: dict[str, tuple[int | Callable[[RunData, SpadeConfig], int], float,
     "diversity.png": (1, 3.6, lambda d, ax, fig, cfg: plot_diversity(d, *ax)),
     "embedding_map.png": (1, 6.5, lambda d, ax, fig, cfg: plot_embedding_map(d, *ax, fig)),
     "trainer.png": (2, 3.2, lambda d, ax, fig, cfg: plot_trainer(d, *ax)),
+    "training.png": (3, 2.8, lambda d, ax, fig, cfg: plot_training(d, *ax)),
     "eval.png": (1, 3.6, lambda d, ax, fig, cfg: plot_eval(d, *ax)),
     "moves.png": (1, 3.6, lambda d, ax, fig, cfg: plot_moves(d, *ax)),
     "curriculum.png": (_curriculum_panels, 2.8, lambda d, ax, fig, cfg: plot_curriculum(

@@ -15,6 +15,7 @@ from spade_async.report.curriculum import (
 )
 from spade_async.report.figures import PLOTS
 from spade_async.report.frontier import frontier_text
+from spade_async.report.training import ledger_text, training_text
 
 
 def _html_table(head: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
@@ -35,6 +36,8 @@ def page_html(s: dict[str, Any]) -> str:
             ("environments played", f"{s['envs_played']}, mean regret {s['regret_mean']}"),
             ("trainer", f"{s['trainer_steps']} steps, versions published "
              f"{s['versions_published']}"),
+            ("training", training_text(s["training"])),
+            ("samples", ledger_text(s["training"]["ledger"])),
             ("evaluations", s["evaluations"]),
             ("designer moves", moves_text(s["moves"])),
             ("frontier", frontier_text(s["frontier"])),

@@ -17,6 +17,7 @@ from spade_async.report.curriculum import (
 )
 from spade_async.report.data import RunData, design_outcome
 from spade_async.report.frontier import frontier_summary
+from spade_async.report.training import training_summary
 
 
 def _leak_summary(plays: list[dict]) -> dict[str, Any]:
@@ -57,6 +58,8 @@ def summary(cfg: SpadeConfig, d: RunData) -> dict[str, Any]:
         "regret_mean": round(sum(regrets) / len(regrets), 4) if regrets else None,
         "hint_leak": _leak_summary(d.plays),
         "trainer_steps": len(d.steps),
+        # pace, throughput, padding, drift from the base, the sample ledger (report/training.py)
+        "training": training_summary(cfg, d),
         "versions_published": published,
         "evaluations": len(d.evals),
         "moves": moves_summary(d.designs, d.plays, d.t0),
