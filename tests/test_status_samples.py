@@ -167,3 +167,62 @@ def test_status_of_a_daemon_without_a_ledger_says_so(tmp_path):
     assert res.exit_code == 0, res.output
     assert "samples    no sample ledger in the daemon's status" in res.stdout
     assert "trainer    no step yet; taken 0 of 0 batches" in res.stdout
+
+
+def _bench_report(adapter: float, base: float, no_lora: float | None = None) -> dict:
+    report = {"host": {"cpu_model": "test cpu", "cores": 2, "flags": {}, "dtype": "bfloat16",
+                       "dtype_reason": "test", "omp_threads_bind": "auto",
+                       "threads_reason": "test"},
+              "decode": {"single": {"streams": 1, "tokens_per_s": 20.0},
+                         "concurrent": {"streams": 16, "tokens_per_s": base}, "ratio": 1.0},
+              "decode_adapter": {"streams": 16, "tokens_per_s": adapter},
+              "lora_load_s": {"first": 0.02, "median": 0.02, "n": 1},
+              "full_reload_s": {"first": 0.2, "median": 0.2, "n": 1},
+              "lora_cost": {"skipped": "test"},
+              "hf_generate": {"dtype": "bfloat16", "threads": 2,
+                              "single": {"tokens_per_s": 10.0},
+                              "concurrent": {"tokens_per_s": 100.0}},
+              "vs_hf": {"single_ratio": 2.0, "concurrent_ratio": 2.0}}
+    if no_lora is not None:
+        report["no_lora"] = {"start_s": 1.0,
+                             "decode": {"concurrent": {"streams": 16, "tokens_per_s": no_lora}}}
+    return report
+
+
+def test_bench_inference_saves_what_status_compares_the_loop_with(tmp_path, monkeypatch):
+    import spade_async.bench.inference as bench
+
+    cfg = _config(tmp_path)
+    _status(tmp_path, ledger=LEDGER, tokens=TOKENS)
+    monkeypatch.setattr(bench, "run_inference_bench",
+                        lambda *a, **kw: _bench_report(adapter=80.0, base=120.0))
+    res = CliRunner().invoke(app, ["bench", "inference", "--config", str(cfg), "--json"])
+    assert res.exit_code == 0, res.output
+    saved = json.loads((tmp_path / "data" / "bench" / "inference.json").read_text())
+    assert saved["decode_adapter"]["tokens_per_s"] == 80.0 and saved["measured_at"] > 0
+    st = json.loads(CliRunner().invoke(app, ["status", "--config", str(cfg), "--json"]).stdout)
+    # a vllm-lora endpoint: the adapter's 80 tok/s; the loop did 20 (last minute) and 10 (run)
+    assert st["tokens"]["bench"]["tokens_per_s"] == 80.0
+    assert (st["tokens"]["ratio_window"], st["tokens"]["ratio_run"]) == (0.25, 0.125)
+
+
+def test_the_bench_figure_follows_each_endpoints_swap():
+    from spade_async.bench.saved import loop_reference
+    from spade_async.core.config import EndpointConfig, SpadeConfig
+
+    def cfg(*swaps: str) -> SpadeConfig:
+        return SpadeConfig(endpoints=[
+            EndpointConfig(name=f"e{i}", base_url="http://x", weight_swap={"type": s})
+            for i, s in enumerate(swaps)])
+
+    with_plain = _bench_report(adapter=80.0, base=120.0, no_lora=150.0)
+    assert loop_reference(cfg("vllm-lora"), with_plain)["tokens_per_s"] == 80.0
+    # vllm-reload serves the base model without --enable-lora: that server's figure, else the
+    # base model on the LoRA server (a bench run against --base-url measures only that one)
+    assert loop_reference(cfg("vllm-reload"), with_plain)["tokens_per_s"] == 150.0
+    assert loop_reference(cfg("vllm-reload"), _bench_report(80.0, 120.0))["tokens_per_s"] == 120.0
+    two = loop_reference(cfg("vllm-lora", "vllm-lora"), with_plain)
+    assert (two["tokens_per_s"], two["endpoints"]) == (160.0, 2)
+    assert "endpoint e1: no bench figure for a 'none' endpoint" in \
+        loop_reference(cfg("vllm-lora", "none"), with_plain)["missing"]
+    assert "no `spade bench inference` result" in loop_reference(cfg("vllm-lora"), None)["missing"]
