@@ -256,6 +256,9 @@ def test_frozen_designer_on_a_chat_only_server_while_the_agent_plays_on_tokens(
                                            "trained": False}
     # Not trained on: no designer sample reached the spool.
     assert status["counters"]["designer_samples_frozen"] == 2
+    assert status["ledger"]["designer"] == {"played": 2, "written": 0,
+                                            "dropped": {"frozen": 2}, "in_flight": 0}
+    assert status["tokens"]["roles"]["designer"]["requests"] == 2  # counted on the chat path
     from spade_async.core.spool.files import FileSpool
 
     with FileSpool(tmp_path / "data" / "spool", writer=False) as spool:
