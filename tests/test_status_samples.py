@@ -135,7 +135,8 @@ def test_status_reads_an_older_trainer_file_and_says_when_there_is_no_bench(tmp_
     path = tmp_path / "data" / "trainer" / "metrics.jsonl"
     path.parent.mkdir(parents=True)
     path.write_text("".join(json.dumps(r) + "\n" for r in [
-        {"event": "step", "time": t0, "step": 1, "seq": 1, "samples": 8, "dropped": {},
+        {"event": "step", "time": t0, "step": 1, "seq": 1, "samples": 8,
+         "dropped": {"first_token_masked": 3},  # tokens, not samples: left out
          "tokens": 300, "tokens_per_s": 30.0, "loss": 0.1},
         {"event": "step", "time": t0 + 10, "step": 2, "seq": 2, "samples": 6,
          "dropped": {"stale": 1}, "tokens_per_s": 31.0, "loss": 0.1},

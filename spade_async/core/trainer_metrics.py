@@ -10,7 +10,8 @@ one JSON line per event, `"event": "step"` for an optimizer step. What a step li
   padding_ratio      computed_tokens / real_tokens
   kl_base            mean KL of the policy to the base model on the scored tokens (or null)
   logprob_abs_diff_base   mean |log pi - log pi_base| (or null)
-  dropped            this step's drops, reason -> count (stale, designer_cap, ...)
+  dropped            this step's drops, reason -> count (stale, designer_cap, ...; the
+                     token-level first_token_masked is no sample and is left out)
   totals             {"trained": N, "dropped": {reason: N}} over the trainer's life
   buffered           samples taken from the spool but not trained yet
 
@@ -21,7 +22,6 @@ when a restart trained it again. Reads stream; nothing here writes."""
 from __future__ import annotations
 
 import json
-import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -72,10 +72,16 @@ def _count(x: Any) -> int:
     return int(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else 0
 
 
+# Counted in `dropped` by the trainer but not a sample: a sample whose first token was masked
+# loses that token only, and is still trained.
+NOT_SAMPLE_DROPS = frozenset({"first_token_masked"})
+
+
 def _add_dropped(into: Counter[str], dropped: Any) -> None:
     if isinstance(dropped, dict):
         for k, v in dropped.items():
-            into[str(k)] += _count(v)
+            if str(k) not in NOT_SAMPLE_DROPS:
+                into[str(k)] += _count(v)
 
 
 def trainer_ledger(path: Path, tail: list[dict] | None = None) -> dict[str, Any] | None:
@@ -194,8 +200,3 @@ def step_stats(steps: list[dict]) -> dict[str, Any]:
         out[key] = None if last is None else round(last, 6)
     return out
 
-
-def last_step_age(evs: list[dict]) -> float | None:
-    """Seconds since the newest event was written."""
-    t = _num(evs[-1].get("time")) if evs else None
-    return None if t is None else round(time.time() - t, 1)
