@@ -116,3 +116,31 @@ def test_a_drop_needs_a_known_reason():
                                          "dropped": {"zero_variance": 2}, "in_flight": 0}
     with pytest.raises(ValueError, match="no drop reason 'bored' for agent"):
         ledger.drop("agent", "bored")
+
+
+def test_token_rates_over_the_last_minute_and_the_run():
+    from types import SimpleNamespace
+
+    from spade_async.loop.usage import TokenUsage
+
+    usage = TokenUsage(Metrics())
+    t0 = usage.started
+
+    def completion(sampled: int, prompt: int) -> SimpleNamespace:
+        return SimpleNamespace(completion_tokens=sampled, prompt_token_ids=(1,) * prompt,
+                               usage={})
+
+    usage.tick(t0)
+    usage.add("agent", completion(300, 1000))
+    usage.tick(t0 + 30)
+    d = usage.as_dict(t0 + 30)
+    assert d["window"] == {"seconds": 30.0, "sampled_per_s": 10.0, "prompt_per_s": 33.33}
+    assert d["sampled_per_s"] == 10.0 and d["roles"]["agent"]["requests"] == 1
+    # a chat-path completion: no prompt ids, the server's usage says how many
+    usage.add("designer", SimpleNamespace(completion_tokens=600, prompt_token_ids=(),
+                                          usage={"prompt_tokens": 50}))
+    usage.tick(t0 + 90)  # the reading at t0 is over a minute old now: out of the window
+    d = usage.as_dict(t0 + 90)
+    assert d["window"]["seconds"] == 60.0 and d["window"]["sampled_per_s"] == 10.0
+    assert d["roles"]["designer"] == {"requests": 1, "sampled": 600, "prompt": 50}
+    assert d["sampled_per_s"] == 10.0 and d["prompt"] == 1050

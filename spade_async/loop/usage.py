@@ -48,7 +48,7 @@ class TokenUsage:
         sampled, prompt = sum(self.sampled.values()), sum(self.prompt.values())
         run_s = now - self.started
         window = None
-        if self._ticks and now > self._ticks[0][0]:
+        if self._ticks and now - self._ticks[0][0] >= 1.0:  # a rate needs some time
             t0, s0, p0 = self._ticks[0]
             window = {"seconds": round(now - t0, 1),
                       "sampled_per_s": round((sampled - s0) / (now - t0), 2),
