@@ -94,10 +94,10 @@ def test_status_accounts_for_every_sample_and_compares_the_loop_with_the_bench(t
     assert res.exit_code == 0, res.output
     lines = {ln[:10].strip(): ln[11:] for ln in res.stdout.splitlines()}
     assert lines["samples"] == (
-        "48 played (40 agent episodes, 8 designs): 6 written to the spool, 37 dropped by the "
-        "daemon (agent: hinted 16, zero_variance 12, failed 2; designer: zero_variance 6, "
-        "stale 1), 5 in flight; the trainer (over its life): 8 trained, 3 dropped (stale 2, "
-        "designer_cap 1), 1 buffered, 4 waiting in the spool")
+        "48 played this daemon run (40 agent episodes, 8 designs): 6 written to the spool, 37 "
+        "dropped by the daemon (agent: hinted 16, zero_variance 12, failed 2; designer: "
+        "zero_variance 6, stale 1), 5 in flight; the trainer (over its life): 8 trained, 3 "
+        "dropped (stale 2, designer_cap 1), 1 buffered, 4 waiting in the spool")
     assert lines["batches"] == ("3 written (6 samples); dropped as stale: 1 by the daemon, 2 by "
                                 "the trainer")
     # the loop's 20 tok/s over the last minute and 10 over the run against 200 (16 streams

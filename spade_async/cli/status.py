@@ -156,7 +156,7 @@ def _samples_text(s: dict | None) -> str:
     by_daemon = "; ".join(f"{role}: {_counts(d)}" for role, d in s["dropped_by_daemon"].items()
                           if _counts(d))
     n_dropped = sum(sum(d.values()) for d in s["dropped_by_daemon"].values())
-    out = (f"{sum(played.values())} played ({played.get('agent', 0)} agent episodes, "
+    out = (f"{sum(played.values())} played this daemon run ({played.get('agent', 0)} agent episodes, "
            f"{played.get('designer', 0)} designs): {s['written']} written to the spool, "
            f"{n_dropped} dropped by the daemon" + (f" ({by_daemon})" if by_daemon else "")
            + f", {s['in_flight']} in flight")
