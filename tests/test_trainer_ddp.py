@@ -46,7 +46,9 @@ def prepare(tmp: Path, name: str, model: Path, parallel: str) -> Path:
     write_batches(d / "spool", 1, samples_per_batch=10, seed=7)
     write_config(d / "cfg.toml", d, checkpoint_name="tiny")
     write_trainer_config(d / "trainer.toml", mode="full", parallel=parallel, lr=1e-3,
-                         micro_batch_tokens=64, designer_weight=0.5, publish_every_steps=0,
+                         micro_batch_tokens=64, row_tokens=64, designer_weight=0.5,
+                         samples_per_step=6, designer_max_share=0.7,  # all 10: one step
+                         publish_every_steps=0,
                          checkpoint_every_steps=1, grad_clip=0.0,
                          autocast_bf16=False)  # fp32: bf16 rounding differs with the split
     return d

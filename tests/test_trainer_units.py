@@ -1,5 +1,5 @@
 """Trainer pieces in one process: the loss against hand values, batch selection and packing,
-the model's log-probs against a plain HF forward, LoRA merging, lineage, config errors."""
+the model's log-probs against a plain HF forward, LoRA merging, saved state, config errors."""
 
 from __future__ import annotations
 
@@ -190,14 +190,15 @@ def test_lora_merge_equals_peft_merge_and_unload(tiny):
         torch.testing.assert_close(v, reference[k], atol=1e-6, rtol=1e-6)
 
 
-def test_trainer_state_lineage_runs():
-    st = TrainerState()
-    for seq, stepped in [(1, True), (2, True), (3, False), (4, False), (5, True), (6, True)]:
-        st.record(seq, stepped=stepped)
-    assert st.trained == [[1, 2, 1], [5, 6, 3]] and st.skipped == [[3, 4]]
-    assert st.trained_seqs() == [1, 2, 5, 6] and st.step == 4 and st.last_seq == 6
-    with pytest.raises(RuntimeError, match="out of order"):
-        st.record(8, stepped=True)
+def test_trainer_state_reads_format_1_checkpoints():
+    """A checkpoint of the one-step-per-batch trainer: its last_seq was wholly done."""
+    old = {"step": 4, "last_seq": 6, "trained": [[1, 2, 1], [5, 6, 3]], "skipped": [[3, 4]],
+           "samples": 20, "tokens": 400, "dropped": {"stale": 2}, "format": 1}
+    st = TrainerState.from_json(old)
+    assert (st.step, st.last_seq, st.open, st.samples, st.dropped) == (4, 6, {}, 20,
+                                                                       {"stale": 2})
+    with pytest.raises(ValueError, match="format 9"):
+        TrainerState.from_json({**old, "format": 9})
 
 
 def test_trainer_config_names_unknown_and_bad_keys(tmp_path):

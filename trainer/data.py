@@ -1,4 +1,5 @@
-"""From a spool batch to padded micro-batches: staleness filter, role weights, rank split.
+"""From a spool batch to micro-batches: staleness filter, role weights, rank split, and the
+padded layout (trainer/pack.py packs instead).
 
 Every rank runs the same deterministic selection on the same batch file, then takes its own
 share, so no sample data crosses ranks. Token `t` is scored from the logits at position
@@ -31,6 +32,7 @@ class TrainSample:
     weight: float
     staleness: int
     move: str = ""
+    seq: int = 0  # the spool batch it came from
     # Per trained token (in order), the ids a choice constraint allowed when it was sampled;
     # None for free decoding. The trainer renormalises its log-prob over them (see
     # spade_async/inference/constrained.py for why).
@@ -44,11 +46,17 @@ class TrainSample:
     def trained_tokens(self) -> int:
         return int(self.loss_mask.sum())
 
+    @property
+    def prompt_len(self) -> int:
+        """Tokens before the first trained one (what samples may share as a prefix)."""
+        return int(np.argmax(self.loss_mask))
+
 
 @dataclass
 class Selection:
     samples: list[TrainSample]
     dropped: Counter[str] = field(default_factory=Counter)
+    dropped_rows: list[tuple[int, str]] = field(default_factory=list)  # (row, reason)
 
     @property
     def tokens(self) -> int:
@@ -80,10 +88,12 @@ def select_samples(batch: Batch, *, current_version: int, max_staleness: int,
         staleness = max(0, current_version - int(versions[i]))
         if staleness > max_staleness:
             sel.dropped["stale"] += 1
+            sel.dropped_rows.append((i, "stale"))
             continue
         weight = float(role_weights.get(roles[i], 0.0))
         if weight == 0.0:
             sel.dropped[f"zero_weight_{roles[i]}"] += 1
+            sel.dropped_rows.append((i, f"zero_weight_{roles[i]}"))
             continue
         mask = masks[lo:hi].astype(bool)
         allowed = allowed_col[i].as_py()
@@ -94,13 +104,14 @@ def select_samples(batch: Batch, *, current_version: int, max_staleness: int,
             allowed = allowed[1:] if allowed is not None else None
         if not mask.any():
             sel.dropped["no_trainable_token"] += 1
+            sel.dropped_rows.append((i, "no_trainable_token"))
             continue
         sel.samples.append(TrainSample(
             row=i, sample_id=ids[i], role=roles[i], policy_version=int(versions[i]),
             token_ids=tokens[lo:hi].astype(np.int64), loss_mask=mask,
             behaviour_logprobs=logprobs[lo:hi].astype(np.float32),
             advantage=float(advantages[i]), weight=weight, staleness=staleness,
-            move=moves[i] or "",
+            move=moves[i] or "", seq=batch.seq,
             allowed=None if allowed is None else [np.asarray(a, np.int64) for a in allowed],
         ))
     return sel
@@ -135,11 +146,16 @@ def micro_batches(samples: list[TrainSample], token_budget: int) -> list[list[Tr
 
 @dataclass(frozen=True)
 class MicroBatch:
-    """Padded inputs plus flat per-token tensors in the order the model returns log-probs
-    (row-major over `target_mask`)."""
+    """Model inputs plus flat per-token tensors, one entry per scored token (N of them).
+
+    Two layouts: padded rows of one sample each (`collate`: right padding, plain causal
+    attention, `target_mask` marks the scored tokens), or packed rows (trainer/pack.py: several
+    sequences per row with a tree attention mask and per-group position ids). Either way
+    `pred_index` says, per scored token, which position of the flattened [B * T] hidden
+    states predicts it, and `targets` is the token."""
 
     input_ids: torch.Tensor  # int64 [B, T]
-    target_mask: torch.Tensor  # bool [B, T]: score this token (from position t - 1)
+    target_mask: torch.Tensor | None  # bool [B, T] (padded layout only)
     behaviour_logprobs: torch.Tensor  # float32 [N]
     advantages: torch.Tensor  # float32 [N]
     weights: torch.Tensor  # float32 [N]
@@ -149,33 +165,55 @@ class MicroBatch:
     allowed_pos: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
     allowed_tok: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
     edit: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.bool))  # [N]
+    position_ids: torch.Tensor | None = None  # int64 [B, T]; None: 0..T-1 in every row
+    attention_mask: torch.Tensor | None = None  # bool [B, 1, T, T]; None: causal
+    pred_index: torch.Tensor | None = None  # int64 [N] into the flattened [B * T] positions
+    targets: torch.Tensor | None = None  # int64 [N]
+    loss_norm: torch.Tensor | None = None  # float32 [N]: what the token's loss is divided by
+    real_tokens: int = 0  # sequence tokens of the samples (before padding or sharing)
 
     @property
     def num_tokens(self) -> int:
-        return int(self.target_mask.sum())
+        return int(self.behaviour_logprobs.numel())
 
     @property
     def padded_tokens(self) -> int:
+        """Positions run through the model, padding included."""
         return self.input_ids.numel()
 
+    def model_inputs(self) -> dict[str, torch.Tensor | None]:
+        return {"position_ids": self.position_ids, "attention_mask": self.attention_mask,
+                "pred_index": self.pred_index, "targets": self.targets,
+                "allowed_pos": self.allowed_pos, "allowed_tok": self.allowed_tok}
+
     def to(self, device: torch.device) -> MicroBatch:
-        return MicroBatch(*(t.to(device) for t in (
-            self.input_ids, self.target_mask, self.behaviour_logprobs, self.advantages,
-            self.weights, self.staleness, self.allowed_pos, self.allowed_tok, self.edit)))
+        def move(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t.to(device)
+
+        return MicroBatch(*(move(getattr(self, f)) for f in (
+            "input_ids", "target_mask", "behaviour_logprobs", "advantages", "weights",
+            "staleness", "allowed_pos", "allowed_tok", "edit", "position_ids",
+            "attention_mask", "pred_index", "targets", "loss_norm")),
+            real_tokens=self.real_tokens)
 
 
-def collate(rows: list[TrainSample], pad_id: int = 0) -> MicroBatch:
-    """Right padding: with causal attention a real token never attends to a later pad, so no
-    attention mask is needed and position ids stay 0..T-1."""
+def collate(rows: list[TrainSample], pad_id: int = 0,
+            norm: dict[str, float] | None = None) -> MicroBatch:
+    """One sample per row, right-padded: with causal attention a real token never attends to
+    a later pad, so no attention mask is needed and position ids stay 0..T-1. `norm`: per
+    role, what a token's loss is divided by (default 1)."""
     if not rows:  # a rank with nothing to do still runs one forward (collectives must match)
         return MicroBatch(torch.full((1, 2), pad_id, dtype=torch.long),
                           torch.zeros((1, 2), dtype=torch.bool),
-                          *(torch.zeros(0) for _ in range(4)))
+                          *(torch.zeros(0) for _ in range(4)),
+                          pred_index=torch.zeros(0, dtype=torch.long),
+                          targets=torch.zeros(0, dtype=torch.long),
+                          loss_norm=torch.zeros(0))
     width = max(r.length for r in rows)
     ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(rows), width), dtype=torch.bool)
     beh = torch.zeros((len(rows), width))
-    adv, wts, stale = (torch.zeros((len(rows), width)) for _ in range(3))
+    adv, wts, stale, scale = (torch.zeros((len(rows), width)) for _ in range(4))
     edit = torch.zeros((len(rows), width), dtype=torch.bool)
     pos_parts, tok_parts = [], []
     start = 0  # index of the row's first trained token in the flat [N] order
@@ -185,6 +223,7 @@ def collate(rows: list[TrainSample], pad_id: int = 0) -> MicroBatch:
         mask[i, :n] = torch.from_numpy(r.loss_mask)
         beh[i, :n] = torch.from_numpy(r.behaviour_logprobs)
         adv[i, :n], wts[i, :n], stale[i, :n] = r.advantage, r.weight, float(r.staleness)
+        scale[i, :n] = (norm or {}).get(r.role, 1.0)
         edit[i, :n] = r.move == "edit"
         if r.allowed is not None:
             for k, allowed in enumerate(r.allowed):
@@ -195,5 +234,8 @@ def collate(rows: list[TrainSample], pad_id: int = 0) -> MicroBatch:
         0, dtype=torch.long)
     allowed_tok = torch.from_numpy(np.concatenate(tok_parts)) if tok_parts else torch.zeros(
         0, dtype=torch.long)
+    flat = torch.nonzero(mask.reshape(-1), as_tuple=True)[0]
     return MicroBatch(ids, mask, beh[mask], adv[mask], wts[mask], stale[mask], allowed_pos,
-                      allowed_tok, edit[mask])
+                      allowed_tok, edit[mask], pred_index=flat - 1,
+                      targets=ids.reshape(-1)[flat], loss_norm=scale[mask],
+                      real_tokens=sum(r.length for r in rows))

@@ -1,15 +1,18 @@
-"""The training loop: claim the next spool batch, take one optimizer step on it, checkpoint,
-publish. One readable loop; rank 0 decides what happens next and every rank follows.
+"""The training loop: claim spool batches into the sample buffer, take an optimizer step
+whenever it holds one step's samples, checkpoint, publish. One readable loop; rank 0 decides
+what happens next (claim batch N, step, wait, stop) and every rank follows.
 
-Per batch (all ranks read the same immutable batch file):
-  select (staleness, role weights) -> one step (trainer/step.py: split across ranks ->
-  micro-batches -> forward/backward -> clip -> AdamW step) -> lineage += seq
+  claim (all ranks read the same immutable batch file; trainer/buffer.py selects by staleness
+  and role, skipping rows a checkpoint already holds) ... until `samples_per_step` agent
+  samples wait -> one step (trainer/step.py: pack -> split across ranks -> micro-batches ->
+  forward/backward -> clip -> AdamW step) -> its samples are done
 Every `publish_every_steps` steps: export version N (trainer/export.py: collective gather,
-rank 0 writes `weights/vN` atomically) -> checkpoint (always on a publish step, so a committed checkpoint at
-step s implies version s / k is on disk) -> rank 0 pushes vN to every endpoint and writes
-`current.json`. A restart whose current.json is behind its checkpoint pushes that version again
-from disk, so a crash between the checkpoint and current.json loses no version either.
-The spool is acknowledged only after a checkpoint commits.
+rank 0 writes `weights/vN` atomically) -> checkpoint (always on a publish step, so a committed
+checkpoint at step s implies version s / k is on disk) -> rank 0 pushes vN to every endpoint
+and writes `current.json`. A restart whose current.json is behind its checkpoint pushes that
+version again from disk, so a crash between the checkpoint and current.json loses no version
+either. The spool is acknowledged only up to the last batch a committed checkpoint holds
+wholly; it is marked taken (the daemon's back-pressure) as soon as a batch is claimed.
 """
 
 from __future__ import annotations
@@ -26,8 +29,8 @@ from spade_async.core.logs import get_logger
 from spade_async.core.policy import current_version, version_dir, weights_dir
 from spade_async.core.spool.batch import Batch, SpoolError
 from spade_async.core.spool.files import FileSpool
+from trainer.buffer import OpenBatches, SampleBuffer, StepPlan
 from trainer.checkpoint import Checkpointer, TrainerState
-from trainer.data import Selection, select_samples
 from trainer.export import export_version
 from trainer.parallel import Dist, broadcast_int
 from trainer.publish import Publisher, PublishError, artifact_kind
@@ -35,7 +38,8 @@ from trainer.step import StepRunner
 
 log = get_logger("trainer")
 
-STOP, WAIT = -1, 0
+# Rank 0's decisions, broadcast to every rank: a positive number claims that batch.
+STOP, WAIT, STEP, STEP_NOW = -1, 0, -2, -3  # STEP_NOW: whatever the buffer holds
 
 
 def base_model_dir(cfg: SpadeConfig, tcfg: TrainerConfig) -> Path:
@@ -58,13 +62,14 @@ class Trainer:
         self.kind = artifact_kind(cfg, tcfg) if self.publishing else None
         self.stop_requested = False
         # True while a step may be abandoned at once on SIGTERM/SIGINT: one rank, and nothing
-        # trained since the last checkpoint, so dropping the step loses nothing (its batch is
-        # not acknowledged and is trained again on restart). See launcher.main.
+        # trained since the last checkpoint, so dropping the step loses nothing (its samples'
+        # batches are not acknowledged and are trained again on restart). See launcher.main.
         self.interruptible = False
         self.pending: tuple[int, Path] | None = None  # a version not yet served everywhere
         self.next_publish_try = 0.0
         self.next_serve_check = 0.0  # when to check that the endpoints still serve our version
         self._batch: Batch | None = None
+        self.last_arrival = time.monotonic()  # when a batch was last claimed
 
     # ---- the loop ------------------------------------------------------------------------------
 
@@ -78,7 +83,10 @@ class Trainer:
             log.info("trainer_precision", **self.runner.precision.as_dict())
         self.ckpt = Checkpointer(self.root, d, lora=self.runner.lora, keep=tcfg.keep_checkpoints)
         self.state = self.ckpt.load(self.runner.model, self.runner.optim)
-        self._ckpt_seq = self.state.last_seq
+        self.batches = OpenBatches.from_json(self.state.last_seq, self.state.open)
+        self.buffer = SampleBuffer(tcfg, self.runner.role_weights, self.batches)
+        self._dirty = False  # claimed, trained or dropped since the last checkpoint
+        self._dirty_trained = False  # trained since the last checkpoint (a step to keep)
         self.version = self.state.step // tcfg.publish_every_steps if self.publishing else 0
         self.spool = FileSpool(self.cfg.paths.data_dir / "spool")
         self._metrics = self.root / "metrics.jsonl"
@@ -100,22 +108,30 @@ class Trainer:
                 if decision == WAIT:
                     continue
                 idle_since = time.monotonic()
+                if decision > 0:
+                    self.buffer.claim(self._claim(decision), self.version)
+                    self._dirty = True
+                    if d.is_main:  # the daemon's back-pressure reads it
+                        self.spool.mark_taken(decision)
+                    continue
+                plan = self.buffer.take(self.version, force=decision == STEP_NOW)
+                if plan is None:
+                    continue
                 try:
-                    self._train(self._claim(decision))
+                    self._train(plan)
                 except StepInterrupted:
-                    log.info("trainer_step_abandoned", seq=decision, step=self.state.step,
+                    log.info("trainer_step_abandoned", step=self.state.step,
+                             samples=len(plan.samples),
                              note="not acknowledged: trained again on restart")
                     return self.state
-                if d.is_main:  # the daemon's back-pressure reads it (daemon.max_batches_ahead)
-                    self.spool.mark_taken(self.state.last_seq)
-            if self.state.last_seq != self._ckpt_seq:
+            if self._dirty:
                 self._checkpoint()  # a clean stop keeps everything it consumed
         log.info("trainer_stopped", rank=d.rank, step=self.state.step,
                  last_seq=self.state.last_seq, version=self.version)
         return self.state
 
     def _decide(self, idle_since: float) -> int:
-        """Rank 0: the next batch's seq, WAIT, or STOP."""
+        """Rank 0: claim the next batch (its seq), STEP, STEP_NOW, WAIT or STOP."""
         if self.pending is not None and time.monotonic() >= self.next_publish_try:
             self._publish(*self.pending, started=time.perf_counter())
         elif (self.publisher is not None and self.tcfg.serve_check_s
@@ -125,18 +141,28 @@ class Trainer:
         if self.stop_requested or (self.max_steps is not None
                                    and self.state.step >= self.max_steps):
             return STOP
-        batch = self.spool.wait_next(self.state.last_seq, timeout_s=self.tcfg.poll_interval_s,
-                                     poll_interval_s=min(0.05, self.tcfg.poll_interval_s))
-        if self.stop_requested:
-            return STOP  # asked while waiting: the batch stays for the next run
-        if batch is None:
-            if (self.exit_when_idle_s is not None
-                    and time.monotonic() - idle_since > self.exit_when_idle_s):
-                log.info("trainer_idle_exit", idle_s=self.exit_when_idle_s)
-                return STOP
-            return WAIT
-        self._batch = batch
-        return batch.seq
+        if self.buffer.ready():
+            return STEP
+        if self.buffer.wants_more():
+            batch = self.spool.wait_next(self.buffer.claimed_seq,
+                                         timeout_s=self.tcfg.poll_interval_s,
+                                         poll_interval_s=min(0.05, self.tcfg.poll_interval_s))
+            if self.stop_requested:
+                return STOP  # asked while waiting: the batch stays for the next run
+            if batch is not None:
+                self._batch = batch
+                self.last_arrival = time.monotonic()
+                return batch.seq
+        else:
+            time.sleep(self.tcfg.poll_interval_s)
+        if self.buffer.pending and (time.monotonic() - self.last_arrival
+                                    > self.tcfg.step_wait_s):
+            return STEP_NOW  # nothing new for a while: train what is here
+        if (self.exit_when_idle_s is not None
+                and time.monotonic() - idle_since > self.exit_when_idle_s):
+            log.info("trainer_idle_exit", idle_s=self.exit_when_idle_s)
+            return STOP
+        return WAIT
 
     def _claim(self, seq: int) -> Batch:
         if self._batch is not None and self._batch.seq == seq:
@@ -149,40 +175,46 @@ class Trainer:
                              f"visible in {self.spool.dir} after 60 s")
         return batch
 
-    # ---- one batch -----------------------------------------------------------------------------
+    # ---- one step ------------------------------------------------------------------------------
 
-    def _train(self, batch: Batch) -> None:
+    def _train(self, plan: StepPlan) -> None:
         tcfg, st = self.tcfg, self.state
-        sel: Selection = select_samples(
-            batch, current_version=self.version, max_staleness=tcfg.max_staleness,
-            role_weights=self.runner.role_weights)
-        for k, v in sel.dropped.items():
+        for k, v in plan.dropped.items():
             st.dropped[k] = st.dropped.get(k, 0) + v
-        if not sel.samples:
-            st.record(batch.seq, stepped=False)
-            self._log({"event": "skipped", "seq": batch.seq, "step": st.step,
-                       "dropped": dict(sel.dropped), "version": self.version})
+        if not plan.samples:
             return
-        self.interruptible = self.d.world_size == 1 and st.last_seq == self._ckpt_seq
+        self.interruptible = self.d.world_size == 1 and not self._dirty_trained
         try:
             if self.interruptible and self.stop_requested:
                 raise StepInterrupted
-            result = self.runner.step(sel.samples, step_index=st.step)
+            result = self.runner.step(plan.samples, step_index=st.step)
         finally:
             self.interruptible = False
-        st.record(batch.seq, stepped=True)
+        self.buffer.done(plan.samples)
+        self._dirty = self._dirty_trained = True
+        st.step += 1
         st.samples += result.samples
         st.tokens += int(result.metrics["tokens"])
         step_end = time.perf_counter()
+        seqs = [s.seq for s in plan.samples]
         line: dict[str, Any] = {
-            "event": "step", "step": st.step, "seq": batch.seq, "version": self.version,
-            "samples": result.samples, "dropped": dict(sel.dropped),
-            "padded_tokens": result.padded_tokens, "micro_batches": result.micro_batches,
+            "event": "step", "step": st.step, "seqs": [min(seqs), max(seqs)],
+            "version": self.version, "samples": result.samples,
+            "agent_samples": (result.roles or {}).get("agent", 0),
+            "designer_samples": (result.roles or {}).get("designer", 0),
+            "dropped": dict(plan.dropped),
+            "real_tokens": result.real_tokens, "computed_tokens": result.padded_tokens,
+            "padded_tokens": result.padded_tokens,
+            "padding_ratio": round(result.padded_tokens / max(1, result.real_tokens), 3),
+            "micro_batches": result.micro_batches,
             "grad_norm": result.grad_norm, "lr": result.lr,
             "step_s": round(result.seconds, 4),
             "tokens_per_s": round(result.metrics["tokens"] / result.seconds, 1),
+            "seq_tokens_per_s": round(result.real_tokens / result.seconds, 1),
+            "kl_base": None, "logprob_abs_diff_base": None,
             **{k: (round(v, 6) if isinstance(v, float) else v)
                for k, v in result.metrics.items()},
+            **{k: round(v, 6) for k, v in (result.base or {}).items()},
         }
         publish = self.publishing and st.step % tcfg.publish_every_steps == 0
         path = None
@@ -196,11 +228,15 @@ class Trainer:
             self.version = version
             if self.d.is_main:
                 line["publish"] = self._publish(version, path, started=step_end)
+        line["totals"] = {"trained": st.samples, "dropped": dict(sorted(st.dropped.items()))}
+        line["buffered"] = len(self.buffer.pending)
         self._log(line)
 
     def _checkpoint(self) -> None:
-        self.ckpt.save(self.runner.model, self.runner.optim, self.state)
-        self._ckpt_seq = self.state.last_seq
+        st = self.state
+        st.last_seq, st.open = self.batches.last_seq, self.batches.as_json()
+        self.ckpt.save(self.runner.model, self.runner.optim, st)
+        self._dirty = self._dirty_trained = False
         if self.d.is_main:
             # Only now may the spool let go of what this checkpoint holds.
             self.spool.ack(self.state.last_seq)

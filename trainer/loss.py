@@ -36,7 +36,7 @@ def policy_loss(
     entropy: torch.Tensor,
     ref_logprobs: torch.Tensor | None,
     *,
-    normaliser: float,
+    normaliser: float | torch.Tensor,
     cfg: LossConfig,
     edit: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -49,7 +49,9 @@ def policy_loss(
     staleness           [N] published versions between the sampling policy and ours (metrics)
     entropy             [N] entropy of pi_theta at each position (no grad; metrics)
     ref_logprobs        [N] log pi_ref (the base model), or None when kl_coef is 0
-    normaliser          trained tokens in the whole optimizer step
+    normaliser          what each token's weighted loss is divided by: the trained tokens of
+                        the whole optimizer step, or per token [N] its role's share of them
+                        (trainer/step.py: each role's token mean, weighted by role)
     edit                [N] bool: the token belongs to an edit-move sample (metrics: its own
                         train/inference mismatch, scored under the choice constraint)
     Returns the loss to back-propagate (already / normaliser) and metric sums (no grad).
@@ -74,9 +76,10 @@ def policy_loss(
         kl_per_token = torch.zeros_like(logprobs)
 
     # 4. Role weights scale each token's contribution; the sum is divided by the step's token
-    #    count (not the weight sum), so down-weighting a role really lowers its share.
+    #    count, or per token by its role's (the caller's choice), never by the weight sum, so
+    #    down-weighting a role really lowers its share.
     per_token = (pg_per_token + cfg.kl_coef * kl_per_token) * weights
-    loss = per_token.sum() / normaliser
+    loss = (per_token / normaliser).sum()
 
     # 5. Metrics, as sums over this micro-batch's tokens (means are taken after reduction).
     #    A token counts as clipped when the clipped branch is the active one (its gradient is

@@ -47,23 +47,35 @@ class PolicyModel(nn.Module):
     def _hf(self) -> nn.Module:
         return self.lm.get_base_model() if self.lora else self.lm
 
-    def forward(self, input_ids: torch.Tensor, target_mask: torch.Tensor,
+    def forward(self, input_ids: torch.Tensor, target_mask: torch.Tensor | None = None,
                 use_adapter: bool = True, allowed_pos: torch.Tensor | None = None,
-                allowed_tok: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """(log-probs [N], entropy [N]) of the tokens where `target_mask` is set (N of them,
-        row-major); `use_adapter=False` scores with the base weights (the LoRA reference).
+                allowed_tok: torch.Tensor | None = None, *,
+                position_ids: torch.Tensor | None = None,
+                attention_mask: torch.Tensor | None = None,
+                pred_index: torch.Tensor | None = None,
+                targets: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(log-probs [N], entropy [N]) of the scored tokens: those `target_mask` marks (N of
+        them, row-major; token t scored from position t - 1), or, for packed rows
+        (trainer/pack.py), `targets` scored from the flattened positions `pred_index`, with
+        the rows' `position_ids` and tree `attention_mask` ([B, 1, T, T] bool).
+        `use_adapter=False` scores with the base weights (the LoRA reference).
         A token that was sampled under a choice constraint (pairs (n, id) in `allowed_pos`,
         `allowed_tok`) is scored under the constrained distribution, renormalised over its
         allowed ids, as the server reported its behaviour log-prob."""
+        if pred_index is None or targets is None:
+            if target_mask is None:
+                raise ValueError("give target_mask, or pred_index and targets")
+            flat = torch.nonzero(target_mask.reshape(-1), as_tuple=True)[0]
+            pred_index, targets = flat - 1, input_ids.reshape(-1)[flat]
         hf = self._hf()
         off = self.lm.disable_adapter() if (self.lora and not use_adapter) else (
             contextlib.nullcontext())
         with off:
-            hidden = hf.get_decoder()(input_ids=input_ids, use_cache=False).last_hidden_state
-            picked = target_mask[:, 1:]
-            h = hidden[:, :-1][picked]  # [N, H]: the position before each scored token
+            hidden = hf.get_decoder()(input_ids=input_ids, position_ids=position_ids,
+                                      attention_mask=attention_mask,
+                                      use_cache=False).last_hidden_state
+            h = hidden.reshape(-1, hidden.shape[-1])[pred_index]  # [N, H]
             logits = hf.get_output_embeddings()(h).float() / self.temperature
-        targets = input_ids[:, 1:][picked]
         lse = torch.logsumexp(logits, dim=-1)
         with torch.no_grad():
             probs = torch.softmax(logits, dim=-1)

@@ -86,12 +86,14 @@ class PlainHF:
 
         from trainer.data import collate, micro_batches
         from trainer.loss import policy_loss
+        from trainer.step import role_normalisers
 
         t0 = time.perf_counter()
-        normaliser = float(sum(s.trained_tokens for s in samples))
+        norm = role_normalisers(samples, {"agent": self.tcfg.agent_weight,
+                                          "designer": self.tcfg.designer_weight})
         self.optim.zero_grad(set_to_none=True)
         for rows in micro_batches(samples, self.tcfg.micro_batch_tokens):
-            mb = collate(rows)
+            mb = collate(rows, norm=norm)
             attn = torch.zeros_like(mb.input_ids)
             for i, r in enumerate(rows):
                 attn[i, :r.length] = 1
@@ -103,7 +105,7 @@ class PlainHF:
             with torch.no_grad():
                 entropy = -(logp_all[picked].exp() * logp_all[picked]).sum(-1)
             loss, _ = policy_loss(logp, mb.behaviour_logprobs, mb.advantages, mb.weights,
-                                  mb.staleness, entropy, None, normaliser=normaliser,
+                                  mb.staleness, entropy, None, normaliser=mb.loss_norm,
                                   cfg=self.loss_cfg)
             loss.backward()
         if self.tcfg.grad_clip > 0:
