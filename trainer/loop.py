@@ -96,6 +96,7 @@ class Trainer:
                 self.publisher = stack.enter_context(Publisher(self.cfg, tcfg,
                                                                **self._transfers()))
             self._resume_publish()
+            self._generation(True)  # a server a crashed trainer left paused generates again
             log.info("trainer_started", rank=d.rank, world_size=d.world_size, mode=tcfg.mode,
                      parallel=tcfg.parallel, backend=d.backend, step=self.state.step,
                      last_seq=self.state.last_seq, version=self.version)
@@ -184,10 +185,14 @@ class Trainer:
         if not plan.samples:
             return
         self.interruptible = self.d.world_size == 1 and not self._dirty_trained
+        self._generation(False)
         try:
             if self.interruptible and self.stop_requested:
                 raise StepInterrupted
             result = self.runner.step(plan.samples, step_index=st.step)
+        except BaseException:
+            self._generation(True)
+            raise
         finally:
             self.interruptible = False
         self.buffer.done(plan.samples)
@@ -228,9 +233,16 @@ class Trainer:
             self.version = version
             if self.d.is_main:
                 line["publish"] = self._publish(version, path, started=step_end)
+        self._generation(True)
         line["totals"] = {"trained": st.samples, "dropped": dict(sorted(st.dropped.items()))}
         line["buffered"] = len(self.buffer.pending)
         self._log(line)
+
+    def _generation(self, on: bool) -> None:
+        """alternate phases: the servers generate while the trainer waits, and wait while
+        it trains and publishes (rank 0 switches them)."""
+        if self.tcfg.phases == "alternate" and self.publisher is not None:
+            self.publisher.generation(on)
 
     def _checkpoint(self) -> None:
         st = self.state

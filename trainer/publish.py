@@ -143,6 +143,27 @@ class Publisher:
         for transfer in self.transfers.values():
             transfer.set_weights(state)
 
+    # ---- alternate phases --------------------------------------------------------------------
+
+    def generation(self, on: bool) -> None:
+        """`trainer.phases = "alternate"`: stop every swapping endpoint's generation while a
+        step trains (vLLM's `/pause?mode=keep`: in-flight requests are frozen, not aborted)
+        and start it again after (`/resume`). An endpoint that does not answer is logged and
+        left: a server that is down generates nothing anyway, and one left paused by a crash
+        is resumed when the trainer starts again."""
+        route = "/resume" if on else "/pause?mode=keep"
+
+        async def call_all() -> None:
+            for name in self.swappers:
+                try:
+                    with anyio.fail_after(30):
+                        await self.pool.post(route, {}, endpoint=name)
+                except (EndpointError, TimeoutError) as exc:
+                    log.warning("generation_switch_failed", endpoint=name, route=route,
+                                error=str(exc)[:300])
+
+        self.portal.call(call_all)
+
     # ---- state -------------------------------------------------------------------------------
 
     def model_name(self, version: int) -> str:

@@ -102,6 +102,8 @@ def bench_tables(cfg: SpadeConfig, config_path: Path, out: Path, *, family: str,
                  "probe_seeds": probe_seeds},
     }
     for key, value in overrides:
+        if key.endswith("weight_swap.type"):  # another backend: its own options, defaulted
+            key, value = key.removesuffix(".type"), {"type": value}
         _set_path(tables, key, value)
     return tables
 

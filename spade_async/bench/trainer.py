@@ -121,6 +121,7 @@ def _sig(x: float) -> float:
 def _throughput(runner: Any, plain: PlainHF, samples: list[Any], steps: int,
                 progress: Callable[[str], None]) -> dict[str, Any]:
     tokens = sum(s.trained_tokens for s in samples)
+    sequence = sum(s.length for s in samples)
     ours_s: list[float] = []
     plain_s: list[float] = []
     for i in range(steps + 1):  # step 0 of each is the warm-up, not counted
@@ -138,6 +139,9 @@ def _throughput(runner: Any, plain: PlainHF, samples: list[Any], steps: int,
             "ours_step_s": _sig(ours), "plain_hf_step_s": _sig(base),
             "ours_tokens_per_s": round(tokens / ours, 1),
             "plain_hf_tokens_per_s": round(tokens / base, 1),
+            # what the trainer's metrics call seq_tokens_per_s (sequence tokens, scored or not)
+            "sequence_tokens_per_step": sequence,
+            "ours_seq_tokens_per_s": round(sequence / ours, 1),
             "ratio": round(base / ours, 3)}
 
 

@@ -68,7 +68,9 @@ def show_config(
     dtype = choose_dtype(cfg.model.dtype, device=device)
     values.update(cfg_device=device, cfg_dtype=dtype.dtype, cfg_dtype_reason=dtype.reason)
     if device == "cpu":
-        threads = choose_threads(exclusive=os.environ.get("SPADE_VLLM_EXCLUSIVE") == "1")
+        # alternate phases: the server is paused while the trainer runs, so it takes every core
+        threads = choose_threads(exclusive=os.environ.get("SPADE_VLLM_EXCLUSIVE") == "1"
+                                 or cfg.trainer.phases == "alternate")
         values.update(cfg_omp_threads_bind=threads.env.get("VLLM_CPU_OMP_THREADS_BIND", ""),
                       cfg_threads_reason=threads.reason)
     typer.echo("\n".join(f"{k}={shlex.quote(str(v))}" for k, v in values.items()))

@@ -46,7 +46,8 @@ def bench_trainer(
     t = r["throughput"]
     typer.echo(f"train step ({r['mode']}, {t['trained_tokens_per_step']} trained tokens, "
                f"{r['torch_threads']} threads): ours {t['ours_tokens_per_s']:.1f} tok/s "
-               f"({t['ours_step_s']:.2f} s)   plain HF {t['plain_hf_tokens_per_s']:.1f} tok/s "
+               f"({t['ours_step_s']:.2f} s; {t['ours_seq_tokens_per_s']:.1f} tok/s of sequence)"
+               f"   plain HF {t['plain_hf_tokens_per_s']:.1f} tok/s "
                f"({t['plain_hf_step_s']:.2f} s)   ratio {t['ratio']:.2f}x")
     for key, label in (("lora", "LoRA publish (vllm-lora)"),
                        ("full_reload", "full publish (vllm-reload)")):

@@ -91,6 +91,11 @@ class TrainerConfig(Strict):
         "shared", description="shared: designer samples ride in the agent's steps (up to "
         "designer_max_share); separate: they make steps of their own (one designer step of "
         "that many samples after every agent step at most)")
+    phases: Literal["concurrent", "alternate"] = Field(
+        "concurrent", description="how the trainer shares a host with the inference servers: "
+        "concurrent (both run at once; a CPU server at nice 10 on one core, the trainer "
+        "first), or alternate (the servers are paused, in-flight requests kept, while a step "
+        "trains and publishes, and the CPU server binds every core: generate, then train)")
     step_wait_s: float = Field(
         120.0, gt=0, description="train what the buffer holds when fewer than "
         "samples_per_step agent samples have come and no new batch has arrived for this "

@@ -1,0 +1,80 @@
+"""`spade bench learn`'s pieces that need no server: the config it lays over the given one,
+--set overrides, the paired difference, the solve rate over time."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from spade_async.bench.learn import (
+    bench_tables,
+    paired_difference,
+    parse_override,
+    solve_rate_over_time,
+    write_bench_config,
+)
+from spade_async.envs.seed_checks import load_checked_config
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_overrides_parse_toml_values_and_name_bad_ones():
+    assert parse_override("trainer.lr=1e-3") == ("trainer.lr", 1e-3)
+    assert parse_override('trainer.lora_targets=["q_proj", "v_proj"]') == (
+        "trainer.lora_targets", ["q_proj", "v_proj"])
+    assert parse_override("endpoints.0.weight_swap.type=vllm-reload") == (
+        "endpoints.0.weight_swap.type", "vllm-reload")  # a bare word is a string
+    with pytest.raises(ValueError, match="KEY=VALUE"):
+        parse_override("trainer.lr")
+
+
+def test_the_bench_config_is_the_fixed_loop_on_one_rung_with_the_overrides(tmp_path):
+    base = REPO / "configs" / "learn.toml"
+    cfg = load_checked_config(base)
+    path = write_bench_config(
+        cfg, base, tmp_path, family="arithmetic",
+        params={"digits": 1, "operations": "+", "terms": 2}, probe_seeds=50,
+        overrides=[("trainer.lr", 1e-3), ("endpoints.0.weight_swap.type", "vllm-reload"),
+                   ("trainer.phases", "alternate")])
+    got = load_checked_config(path)
+    assert got.daemon.mode == "fixed" and got.daemon.bootstrap_families == ["arithmetic"]
+    assert got.daemon.fixed_rungs == ["easiest"] and got.eval.every_versions == 0
+    assert got.paths.data_dir == tmp_path / "run"
+    assert got.trainer.lr == 1e-3 and got.trainer.phases == "alternate"
+    assert got.endpoints[0].weight_swap.type == "vllm-reload"
+    assert got.endpoints[0].base_url == cfg.endpoints[0].base_url
+    # the rest comes from the given config, by `extends`
+    assert got.trainer.samples_per_step == cfg.trainer.samples_per_step
+    assert tomllib.loads(path.read_text())["extends"] == str(base.resolve())
+    tables = bench_tables(cfg, base, tmp_path, family="arithmetic", params={}, probe_seeds=9)
+    assert tables["eval"]["probe_seeds"] == 9
+
+
+def test_paired_difference_counts_gains_and_losses_with_an_interval():
+    before = [True] * 20 + [False] * 80
+    after = [True] * 18 + [False] * 2 + [True] * 22 + [False] * 58
+    d = paired_difference(before, after)
+    assert (d["n"], d["gained"], d["lost"]) == (100, 22, 2)
+    assert d["difference"] == pytest.approx(0.20)
+    assert 0 < d["ci95"][0] < 0.2 < d["ci95"][1] < 0.4
+    same = paired_difference(before, before)
+    assert same["difference"] == 0 and same["ci95"] == [0.0, 0.0]
+    with pytest.raises(ValueError):
+        paired_difference([True], [True, False])
+
+
+def test_solve_rate_over_time_bins_the_loops_plays(tmp_path):
+    start = 1000.0
+    rows = [{"time": start + 30, "unhinted": [1.0, 0.0, 1.0, 0.0], "policy_version": 0},
+            {"time": start + 100, "unhinted": [1.0, 1.0], "policy_version": 2},
+            {"time": start + 400, "unhinted": [1.0, 1.0, 1.0, 0.5], "policy_version": 7}]
+    plays = tmp_path / "plays.jsonl"
+    plays.write_text("".join(json.dumps(r) + "\n" for r in rows) + "torn {\n")
+    curve = solve_rate_over_time(plays, start, 300)
+    assert [c["minutes"] for c in curve] == [[0.0, 5.0], [5.0, 10.0]]
+    assert [(c["solved"], c["n"]) for c in curve] == [(4, 6), (3, 4)]  # 0.5 is not solved
+    assert curve[0]["versions"] == [0, 2] and curve[1]["versions"] == [7]
+    assert solve_rate_over_time(tmp_path / "none.jsonl", start, 300) == []
