@@ -56,6 +56,7 @@ max_tokens_per_turn = 16
 mode = "fixed"
 [trainer]
 lr = 1e-4
+samples_per_step = 4           # one play's unhinted episodes: a step per batch
 micro_batch_tokens = 2048
 publish_every_steps = 1
 checkpoint_every_steps = 1
@@ -100,7 +101,7 @@ checkpoint_every_steps = 1
     steps = [json.loads(x) for x in (cfg.paths.data_dir / "trainer" / "metrics.jsonl")
              .read_text().splitlines() if '"step"' in x]
     steps = [s for s in steps if s["event"] == "step"]
-    assert [s["seq"] for s in steps] == [b.seq for b in batches]
+    assert [s["seqs"] for s in steps] == [[b.seq, b.seq] for b in batches]
     assert all(s["samples"] > 0 for s in steps)
     current = json.loads((cfg.paths.data_dir / "weights" / "current.json").read_text())
     assert current["version"] == len(steps) and f"policy-v{len(steps)}" in server.state.adapters

@@ -33,7 +33,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--max-steps", type=int, default=None,
                     help="stop once the optimizer has taken this many steps (in total)")
     ap.add_argument("--exit-when-idle", type=float, default=None, metavar="SECONDS",
-                    help="stop when no new batch arrives for this long")
+                    help="stop when no new batch arrives for this long (after a step on "
+                    "whatever samples it holds)")
     ap.add_argument("--log-level", default="info")
     return ap.parse_args(argv)
 

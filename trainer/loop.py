@@ -156,11 +156,12 @@ class Trainer:
                 return batch.seq
         else:
             time.sleep(self.tcfg.poll_interval_s)
-        if self.buffer.pending and (time.monotonic() - self.last_arrival
+        idle = (self.exit_when_idle_s is not None
+                and time.monotonic() - idle_since > self.exit_when_idle_s)
+        if self.buffer.pending and (idle or time.monotonic() - self.last_arrival
                                     > self.tcfg.step_wait_s):
-            return STEP_NOW  # nothing new for a while: train what is here
-        if (self.exit_when_idle_s is not None
-                and time.monotonic() - idle_since > self.exit_when_idle_s):
+            return STEP_NOW  # nothing new for a while (or leaving): train what is here
+        if idle:
             log.info("trainer_idle_exit", idle_s=self.exit_when_idle_s)
             return STOP
         return WAIT

@@ -59,10 +59,10 @@ class Daemon:
                                      spool=spool, chat=chat, run_dir=run_dir)
         self.telemetry = Telemetry(ctx)
         self.batches = Batches(ctx, corpus)
-        self.player = Player(ctx, self.batches)
+        pace = TrainerPace(ctx)
+        self.player = Player(ctx, self.batches, pace)
         self.evaluator = Evaluator(ctx)
         self._flow: anyio.CancelScope | None = None
-        pace = TrainerPace(ctx)
         self.source = (FixedSource(ctx, pace) if cfg.daemon.mode == "fixed" else
                        DesignerSource(ctx, corpus, Documents(ctx, self.batches),
                                       Edits(ctx, self.batches), pace))

@@ -21,6 +21,7 @@ from spade_async.loop.batches import Batches
 from spade_async.loop.context import OUTAGE, LoopContext
 from spade_async.loop.failures import GaveUp, failure_kind
 from spade_async.loop.jobs import PlayJob
+from spade_async.loop.sources import TrainerPace
 from spade_async.reward.regret import env_regret, group_advantages
 from spade_async.rollout.episode import Episode, play_in_sandbox
 from spade_async.sandbox.errors import SandboxError
@@ -34,8 +35,9 @@ RETRY_EPISODE = frozenset({"timeout", "deadline", "http_5xx", "http_429", "malfo
 
 
 class Player:
-    def __init__(self, ctx: LoopContext, batches: Batches) -> None:
-        self.ctx, self.batches = ctx, batches
+    def __init__(self, ctx: LoopContext, batches: Batches, pace: TrainerPace | None = None,
+                 ) -> None:
+        self.ctx, self.batches, self.pace = ctx, batches, pace
 
     async def run(self, recv_env) -> None:
         """Takes accepted environments off the stream in order and starts each play once
@@ -45,6 +47,11 @@ class Player:
         width = ctx.cfg.rollout.k_unhinted + ctx.cfg.rollout.k_hinted
         async with recv_env, anyio.create_task_group() as tg:
             async for job in recv_env:
+                direct = job.group is None and self.pace is not None
+                if direct:  # its batch counts against the trainer's pace from its start: a
+                    # queue of replays or fixed plays must not run ahead of the trainer
+                    await self.pace.wait()
+                    self.pace.direct_plays += 1
                 adm.holding_play = True
                 await adm.wait(lambda: adm.can_play(width))
                 adm.holding_play = False
@@ -56,6 +63,8 @@ class Player:
         try:
             await self.play(job, streams)
         finally:
+            if job.group is None and self.pace is not None:
+                self.pace.direct_plays -= 1
             streams.close()
             self.ctx.admission.plays -= 1
             self.ctx.admission.notify()

@@ -64,6 +64,9 @@ class TrainerPace:
 
     def __init__(self, ctx: LoopContext) -> None:
         self.ctx = ctx
+        # plays under way whose samples go straight into a batch of their own (replays and the
+        # fixed pool's plays): batches on their way, counted as ahead already
+        self.direct_plays = 0
 
     async def wait(self) -> None:
         ctx = self.ctx
@@ -71,7 +74,7 @@ class TrainerPace:
         if not ahead_max:
             return
         while not ctx.stopping:
-            ahead = ctx.spool.last_seq() - ctx.spool.taken_seq()
+            ahead = ctx.spool.last_seq() - ctx.spool.taken_seq() + self.direct_plays
             if ahead < ahead_max:
                 break
             if not ctx.waiting_for_trainer:
