@@ -23,6 +23,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from spade_async.core.config import SpadeConfig, checkpoint_dir
 from spade_async.core.config.trainer import TrainerConfig, trainer_root
 from spade_async.core.logs import get_logger
@@ -99,7 +101,11 @@ class Trainer:
             self._generation(True)  # a server a crashed trainer left paused generates again
             log.info("trainer_started", rank=d.rank, world_size=d.world_size, mode=tcfg.mode,
                      parallel=tcfg.parallel, backend=d.backend, step=self.state.step,
-                     last_seq=self.state.last_seq, version=self.version)
+                     last_seq=self.state.last_seq, version=self.version,
+                     # how this host is shared (README "The CPU shared"): say which runs
+                     phases=tcfg.phases, swap=self.kind, torch_threads=torch.get_num_threads(),
+                     samples_per_step=tcfg.samples_per_step, lr=tcfg.lr,
+                     lora_targets=tcfg.lora_targets if tcfg.mode == "lora" else None)
             idle_since = time.monotonic()
             while True:
                 decision = self._decide(idle_since) if d.is_main else WAIT
