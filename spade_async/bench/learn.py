@@ -22,7 +22,6 @@ and the result `learn.json`. The server runs through scripts/inference.sh as in 
 from __future__ import annotations
 
 import json
-import math
 import os
 import signal
 import subprocess
@@ -39,6 +38,7 @@ from spade_async.core.config import SpadeConfig, checkpoint_dir
 from spade_async.core.io import atomic_write_text
 from spade_async.envs.variants import SEEDS_DIR
 from spade_async.evals.base import wilson_interval
+from spade_async.evals.paired import paired_difference
 from spade_async.experiment.layout import toml_dumps
 from spade_async.inference.launch import REPO
 
@@ -118,22 +118,6 @@ def write_bench_config(cfg: SpadeConfig, config_path: Path, out: Path, **kw: Any
 
 
 # ---- measuring ---------------------------------------------------------------------------------
-
-
-def paired_difference(before: Sequence[bool], after: Sequence[bool], z: float = 1.96,
-                      ) -> dict[str, Any]:
-    """after - before over the same tasks: the mean difference with its 95% interval (normal
-    approximation on the per-task differences), and the tasks gained and lost."""
-    if len(before) != len(after) or not before:
-        raise ValueError("paired results need the same, non-empty task list")
-    d = [float(a) - float(b) for a, b in zip(after, before, strict=True)]
-    n = len(d)
-    mean = math.fsum(d) / n
-    sd = math.sqrt(math.fsum((x - mean) ** 2 for x in d) / (n - 1)) if n > 1 else 0.0
-    half = z * sd / math.sqrt(n)
-    return {"n": n, "difference": round(mean, 4),
-            "ci95": [round(mean - half, 4), round(mean + half, 4)],
-            "gained": sum(x > 0 for x in d), "lost": sum(x < 0 for x in d)}
 
 
 def rate(solved: Sequence[bool]) -> dict[str, Any]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -47,8 +48,8 @@ def evaluate(
     version: str = typer.Option("latest", "--version", help="policy version N, or 'latest' "
                                 "(the one the servers hold now)"),
     suite: list[str] = typer.Option(None, "--suite", help="reasoning-gym, reasoning-gym-easy, "
-                                    "bfcl-multi-turn or probe (repeatable; default: "
-                                    "eval.suites)"),
+                                    "bfcl-multi-turn, probe or probe-greedy (repeatable; "
+                                    "default: eval.suites)"),
     limit: int = typer.Option(None, "--limit", min=1, help="only the first N tasks of a suite"),
     group: str = typer.Option(None, "--group", help="endpoint group to evaluate on (default "
                               "roles.eval.group)"),
@@ -57,15 +58,22 @@ def evaluate(
                               "marked external"),
     path: str = typer.Option(None, "--path", help="tokens, chat or auto (default "
                              "roles.eval.path; auto: tokens for the policy, chat for --model)"),
+    compare_to: int = typer.Option(None, "--compare-to", min=0, help="then, per suite, the "
+                                   "paired difference (this version minus version N) over the "
+                                   "tasks both scored, from N's stored per-task results"),
+    stored: bool = typer.Option(False, "--stored", help="with --compare-to: evaluate nothing, "
+                                "compare the results already stored for --version"),
     as_json: bool = JsonOpt,
 ) -> None:
     """Score a served policy version (or, with --model, any served model, on any
     OpenAI-compatible server) on held-out suites (their own checkers); results are stored per
-    version under <data_dir>/eval/ and plotted by `spade report`."""
+    version under <data_dir>/eval/ and plotted by `spade report`. --compare-to N: the paired
+    difference to version N, task by task (the probe plays the same tasks on every version)."""
     from spade_async.core.config import ConfigError, checkpoint_dir
     from spade_async.core.policy import PolicyVersion, current_path
     from spade_async.evals import SUITES
     from spade_async.evals.base import model_for_version
+    from spade_async.evals.paired import load_tasks
     from spade_async.evals.run import evaluate_version
     from spade_async.inference.chat_tokens import ChatTokens
     from spade_async.inference.errors import EndpointError
@@ -73,6 +81,8 @@ def evaluate(
     from spade_async.inference.roles import RoleCapabilityError, check_roles, role_route
 
     cfg = config_or_exit(config)
+    if stored and compare_to is None:
+        raise fail("--stored compares stored results: give --compare-to N", 2)
     over = {k: v for k, v in (("group", group), ("model", model), ("path", path)) if v}
     if over:
         try:
@@ -83,8 +93,6 @@ def evaluate(
             msg = str(exc).splitlines()
             raise fail(f"--group/--model/--path: {msg[-1].strip() if msg else exc}",
                        2) from None
-    check_endpoint_secrets(cfg)
-    route = role_route(cfg, "eval")
     names = suite or list(cfg.eval.suites)
     for n in names:
         if n not in SUITES:
@@ -93,11 +101,29 @@ def evaluate(
     current.refresh()
     try:
         v = current.version if version == "latest" else int(version)
+    except ValueError as exc:
+        raise fail(f"--version {version}: {exc}", 2) from None
+    if stored:
+        assert compare_to is not None
+        _print_stored_comparison(cfg.paths.data_dir, names, v, compare_to, as_json)
+        return
+    check_endpoint_secrets(cfg)
+    route = role_route(cfg, "eval")
+    try:
         served = route.model or model_for_version(cfg, v, (current.version, current.model))
     except ValueError as exc:
         raise fail(f"--version {version}: {exc}", 2) from None
     tokenizer = cfg.model.tokenizer or checkpoint_dir(cfg)
     has_tokenizer = (Path(tokenizer) / "tokenizer_config.json").is_file()
+
+    # version N's stored tasks, read before this run stores its own (N may be this version:
+    # then its last run is compared with this one)
+    base_tasks = {n: load_tasks(cfg.paths.data_dir, n, compare_to) for n in names} \
+        if compare_to is not None else {}
+    if unstored := [n for n, t in base_tasks.items() if t is None]:
+        raise fail(f"--compare-to {compare_to}: no per-task results of {', '.join(unstored)} "
+                   f"stored for v{compare_to} (under {cfg.paths.data_dir / 'eval'}): evaluate "
+                   f"it first", 2)
 
     def progress(msg: str) -> None:
         typer.echo(f"[eval] {msg}", err=True)
@@ -126,8 +152,13 @@ def evaluate(
     except (RuntimeError, ImportError) as exc:  # a suite's package or venv missing
         raise fail(str(exc), 2) from None
     rows = [r.summary() for r in results]
+    if compare_to is not None:
+        for res, r in zip(results, rows, strict=True):
+            r["paired"] = _paired(res.suite, compare_to, v, base_tasks[res.suite],
+                                  [asdict(t) for t in res.tasks])
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
+        _exit_if_unpaired(rows)
         return
     for res, r in zip(results, rows, strict=True):
         rate = r["completion_tokens"] / r["seconds"] if r["seconds"] else 0.0
@@ -141,6 +172,71 @@ def evaluate(
                 ("lenient", "lenient_", sum(bool(t.lenient_passed) for t in scored))):
             typer.echo(f"  {label:8s} score {_with_ci(r, key + 'score')}, passed "
                        f"{_with_ci(r, key + 'passed')} ({n_passed} of {r['scored']} scored)")
+        if "paired" in r:
+            for line in _paired_lines(r["paired"]):
+                typer.echo(f"  {line}")
+    _exit_if_unpaired(rows)
+
+
+def _paired(suite: str, base: int, version: int, before: list[dict[str, Any]] | None,
+            after: list[dict[str, Any]] | None) -> dict[str, Any]:
+    """The paired difference `version` - `base` on `suite` from their per-task results;
+    {"suite", "before", "after", "error"} when a side has none stored."""
+    from spade_async.evals.paired import pair_tasks
+
+    missing = [f"v{x}" for x, t in ((base, before), (version, after)) if t is None]
+    if missing:
+        return {"suite": suite, "before": base, "after": version,
+                "error": f"no per-task results of {suite} stored for {' and '.join(missing)} "
+                         f"(run `spade eval --suite {suite} --version N` for each)"}
+    assert before is not None and after is not None
+    return {"suite": suite, "before": base, "after": version, **pair_tasks(before, after)}
+
+
+def _paired_lines(p: dict[str, Any]) -> list[str]:
+    """`paired v12 - v0: +0.085 [+0.031, +0.139] (n=200, ...); v0 0.260 -> v12 0.345`, and
+    the tasks left out."""
+    from spade_async.evals.paired import paired_text, unpaired_text
+
+    b, a = f"v{p['before']}", f"v{p['after']}"
+    if "error" in p:
+        return [f"paired {a} - {b}: {p['error']}"]
+    line = f"paired {a} - {b}: {paired_text(p)}"
+    if p["n"]:
+        line += f"; {b} {p['before_mean']:.3f} -> {a} {p['after_mean']:.3f}"
+    left = unpaired_text(p, b, a)
+    return [line] + ([f"  not paired: {left}"] if left else [])
+
+
+def _exit_if_unpaired(rows: list[dict[str, Any]]) -> None:
+    """A comparison asked for that had nothing stored to compare with is a failure (exit 1)."""
+    if any("error" in r.get("paired", {}) for r in rows):
+        raise typer.Exit(1)
+
+
+def _print_stored_comparison(data_dir: Path, suites: list[str], version: int, base: int,
+                             as_json: bool) -> None:
+    """`--stored`: per suite, the newest stored summary of `version` with its paired
+    difference to `base`, both read from <data_dir>/eval/; nothing is evaluated."""
+    from spade_async.evals.base import load_results
+    from spade_async.evals.paired import load_tasks
+
+    newest: dict[str, dict[str, Any]] = {}
+    for r in load_results(data_dir):
+        if int(r.get("version", -1)) == version and r.get("suite") in suites:
+            newest[r["suite"]] = r
+    rows = [{**newest.get(s, {"suite": s, "version": version}),
+             "paired": _paired(s, base, version, load_tasks(data_dir, s, base),
+                               load_tasks(data_dir, s, version))} for s in suites]
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2))
+    else:
+        for r in rows:
+            typer.echo(f"{r['suite']} v{version} (stored)"
+                       + (f": score {_with_ci(r, 'score')}" if "score" in r else ""))
+            for line in _paired_lines(r["paired"]):
+                typer.echo(f"  {line}")
+    _exit_if_unpaired(rows)
 
 
 def _with_ci(row: dict[str, Any], key: str) -> str:

@@ -70,9 +70,10 @@ def experiment_report(
     as_json: bool = JsonOpt,
 ) -> None:
     """The arms side by side: per suite the strict and lenient scores with 95% intervals per
-    version, the difference at the last common version, the diversity of what each arm
-    played and accepted over time, and the cost ledger; PNGs, index.html and summary.json in
-    <experiment>/report/."""
+    version, the difference at the last common version, the paired differences task by task
+    (each arm's last version against its first; arm against arm at their last versions), the
+    diversity of what each arm played and accepted over time, and the cost ledger; PNGs,
+    index.html and summary.json in <experiment>/report/."""
     from spade_async.experiment import report
     from spade_async.experiment.layout import experiment_dir
     from spade_async.experiment.state import STATE_FILE

@@ -19,12 +19,14 @@ def make_report(
     """Plots of a run (live or finished): regret and solve rates, acceptance and rejection
     reasons, memory diversity, the embedding map, trainer loss and log-prob mismatch, the
     trainer's drift from the base model, throughput and padding, held-out scores, designer
-    moves, the curriculum the edits set per family, the probe's solve rate per version; PNG
+    moves, the curriculum the edits set per family, the probe's solve rate per version
+    (sampled and greedy) and its last version against its first, paired task by task; PNG
     files plus one HTML page that holds them."""
     from spade_async.report.curriculum import (
         CURRICULUM_HEAD,
         curriculum_cells,
         moves_text,
+        probe_paired_text,
         probe_text,
     )
     from spade_async.report.frontier import frontier_text
@@ -52,4 +54,8 @@ def make_report(
                        .rstrip())
     if s["probe"]:
         typer.echo("probe: " + "; ".join(probe_text(r) for r in s["probe"]))
+    if s["probe_greedy"]:
+        typer.echo("probe-greedy: " + "; ".join(probe_text(r) for r in s["probe_greedy"]))
+    for suite, p in s["probe_paired"].items():
+        typer.echo(f"paired: {probe_paired_text(suite, p)}")
     typer.echo(f"report: {out / 'index.html'}")

@@ -1,5 +1,7 @@
 """Evaluation suites (`spade eval`): held-out tasks from packages nobody here wrote, scored by
-their own checkers (see base.py), and the `probe`, a fixed set of training variants (probe.py)."""
+their own checkers (see base.py), and the `probe`, a fixed set of training variants (probe.py),
+sampled (`probe`) and greedy (`probe-greedy`); two versions' results compare task by task
+(paired.py)."""
 
 from __future__ import annotations
 
@@ -28,8 +30,8 @@ def make_suite(name: str, cfg: SpadeConfig, sandbox: Sandbox | None = None) -> S
         from spade_async.evals.bfcl import BfclMultiTurnSuite
 
         return BfclMultiTurnSuite(n_tasks=ecfg.bfcl_tasks)
-    if name == "probe":
+    if name in ("probe", "probe-greedy"):
         from spade_async.evals.probe import ProbeSuite
 
-        return ProbeSuite.from_config(cfg, sandbox)
+        return ProbeSuite.from_config(cfg, sandbox, greedy=name == "probe-greedy")
     raise ValueError(f"unknown suite {name!r}: one of {', '.join(SUITES)}")

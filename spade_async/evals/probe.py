@@ -7,6 +7,8 @@ every day. What makes it a measure is that nothing moves but the policy: the sam
 same episode seeds (PROBE_SEED_BASE + 0..n-1; training draws its seeds at random), the same
 per-request sampling seeds, the same prompt, sampler settings (`rollout`) and episode runner as
 training, through the real sandbox. One task is one unhinted episode; solved = score >= 1.0.
+`probe` samples at the rollout's temperature; `probe-greedy` plays the same tasks at 0: two
+readings of one policy, each paired task by task across versions (evals/paired.py).
 
 It reads the seed files as text and plays them only in the sandbox; it never writes into the
 memory or the run's logs (its results go to <data_dir>/eval/ like every suite's).
@@ -43,7 +45,9 @@ def probe_seeds(n: int) -> tuple[int, ...]:
 @dataclass
 class ProbeSuite:
     """`seeds` episodes of every variant. Use as `async with suite:` around the run: it plays
-    in `sandbox` when one is given, else in its own Sandbox (`sandbox_cfg`) for the run."""
+    in `sandbox` when one is given, else in its own Sandbox (`sandbox_cfg`) for the run.
+    `temperature`: the sampling temperature of its episodes, None for the rollout's (the
+    `probe` suite: sampled as training samples); `probe-greedy` plays the same tasks at 0."""
 
     variants: list[ProbeVariant]
     seeds: tuple[int, ...]
@@ -52,16 +56,26 @@ class ProbeSuite:
     sandbox: Sandbox | None = None
     name: str = "probe"
     pass_mark: float = 1.0  # solved: the episode's score reaches 1
+    temperature: float | None = None
     _own: Sandbox | None = field(default=None, repr=False)
 
     @classmethod
     def from_config(cls, cfg: SpadeConfig, sandbox: Sandbox | None = None,
-                    root: Path = SEEDS_DIR) -> ProbeSuite:
+                    root: Path = SEEDS_DIR, *, greedy: bool = False) -> ProbeSuite:
+        """The config's probe (eval.probe_*); `greedy`: the probe-greedy suite."""
         e = cfg.eval
         given = None if e.probe_variants is None else [v.model_dump() for v in e.probe_variants]
         return cls(resolve_probe_variants(given, root, e.probe_rungs), probe_seeds(e.probe_seeds),
-                   cfg.rollout,
-                   cfg.sandbox, sandbox)
+                   cfg.rollout, cfg.sandbox, sandbox,
+                   name="probe-greedy" if greedy else "probe",
+                   temperature=0.0 if greedy else None)
+
+    @property
+    def play_cfg(self) -> RolloutConfig:
+        """The rollout settings its episodes are played with: the rollout's, at `temperature`."""
+        if self.temperature is None:
+            return self.rollout
+        return self.rollout.model_copy(update={"temperature": self.temperature})
 
     async def __aenter__(self) -> ProbeSuite:
         if self.sandbox is None:
@@ -93,11 +107,13 @@ class ProbeSuite:
             raise RuntimeError("use `async with ProbeSuite(...)` around the run: it needs a "
                                "sandbox")
         v, seed = self.variants[task.payload["variant"]], task.payload["seed"]
+        play_cfg = self.play_cfg
         detail: dict[str, Any] = {"family": v.family, "params": v.params, "seed": seed,
-                                  "env_id": v.env_id, "variant_id": v.variant_id}
+                                  "env_id": v.env_id, "variant_id": v.variant_id,
+                                  "temperature": play_cfg.temperature}
         try:
             async with self.sandbox.open(v.code) as env:
-                ep = await policy.play(env, env_id=v.env_id, seed=seed, cfg=self.rollout,
+                ep = await policy.play(env, env_id=v.env_id, seed=seed, cfg=play_cfg,
                                        params=v.params, request_seed=seed)
         except SandboxError as exc:  # no worker, or the seed failed to load: not a score
             return TaskResult(task.task_id, 0.0, False, error=f"sandbox {exc.kind}: {exc}",

@@ -1,8 +1,11 @@
 """`spade experiment report`: the arms side by side. Per suite, one table (strict and lenient
 mean score with 95% intervals and task counts, per evaluated version, arm against arm, and the
-difference at the last version common to both) and one plot (over versions and over the loop's
-minutes); the diversity of what each arm played and accepted over time (the collapse question);
-and the cost ledger. Writes <experiment>/report/ (summary.json, index.html, PNGs)."""
+difference at the last version common to both), one plot (over versions and over the loop's
+minutes), and paired differences task by task: each arm's last version against its first, and
+the first arm against each other at their last versions (`spade - fixed / probe (v7 vs v5):
++0.040 [-0.030, +0.110] (n=200, ...)`); the diversity of what each arm played and accepted
+over time (the collapse question); and the cost ledger. Writes <experiment>/report/
+(summary.json, index.html, PNGs)."""
 
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from spade_async.core.io import atomic_write_text
+from spade_async.evals.paired import compare_stored, first_to_last, paired_text
 from spade_async.experiment.layout import arm_config_path, arm_dir
 from spade_async.experiment.ledger import ledger
 from spade_async.experiment.results import Point, arm_points, difference
@@ -84,12 +88,16 @@ def collect(exp_dir: Path) -> dict[str, Any]:
             "loop_minutes": round(st.elapsed_s / 60, 2), "runs": len(st.runs),
             "points": {s: [p.as_dict() for p in pts] for s, pts in points.items()},
             "ledger": ledger(run, evals, points, st.elapsed_s),
+            # per suite: its last evaluated version minus its first, task by task
+            "paired": {suite: p for suite in points
+                       if (p := first_to_last(data, evals, suite)) is not None},
             "diversity": {"played": variant_diversity(run.plays, t0),
                           "accepted": accepted_diversity(run.envs, t0)},
             "memory_error": run.memory_error,
         }
     return {"name": state.name, "budget": state.budget, "arms": arms,
-            "comparison": _compare(state.arms, arms)}
+            "comparison": _compare(state.arms, arms),
+            "paired_arms": _paired_arms(exp_dir, state.arms, arms)}
 
 
 def _compare(names: list[str], arms: dict[str, Any]) -> dict[str, Any]:
@@ -112,6 +120,26 @@ def _compare(names: list[str], arms: dict[str, Any]) -> dict[str, Any]:
                              "verdict": (f"{a} ahead" if lo > 0 else f"{b} ahead" if hi < 0
                                          else "within noise")}
             out[f"{a} vs {b} / {suite}"] = row
+    return out
+
+
+def _paired_arms(exp_dir: Path, names: list[str], arms: dict[str, Any]) -> dict[str, Any]:
+    """First arm minus each other arm, per suite, each at its own last evaluated version,
+    paired task by task: every arm plays the same tasks (the probe's variants and seeds, the
+    held-out suites' fixed seeds), so the tasks match by id across the arms' data dirs."""
+    out: dict[str, Any] = {}
+    if len(names) < 2:
+        return out
+    a = names[0]
+    for b in names[1:]:
+        pts_b = arms[b].get("points", {})
+        for suite, pts_a in arms[a].get("points", {}).items():
+            if not pts_a or not pts_b.get(suite):
+                continue
+            va, vb = pts_a[-1]["version"], pts_b[suite][-1]["version"]
+            p = compare_stored(suite, (arm_dir(exp_dir, b), vb), (arm_dir(exp_dir, a), va))
+            if p is not None:
+                out[f"{a} - {b} / {suite}"] = {**p, "arms": [a, b], "versions": [va, vb]}
     return out
 
 
@@ -150,6 +178,15 @@ def text(rep: dict[str, Any]) -> str:
                          f"{row['strict']['ci95']} {row['strict']['verdict']}; lenient "
                          f"{row['lenient']['difference']:+.3f} {row['lenient']['ci95']} "
                          f"{row['lenient']['verdict']}")
+    paired = [(f"{arm} / {suite}: v{p['after']} - v{p['before']}", p)
+              for arm, a in arms.items() for suite, p in a.get("paired", {}).items()]
+    paired += [(f"{key} (v{p['versions'][0]} vs v{p['versions'][1]})", p)
+               for key, p in rep.get("paired_arms", {}).items()]
+    if paired:
+        lines += ["", "paired, task by task on the same tasks (mean difference [95% interval]): "
+                  "each arm's last version against its first, and arm against arm at their "
+                  "last versions"]
+        lines += [f"  {label}: {paired_text(p)}" for label, p in paired]
     lines += ["", "cost ledger (busy seconds / tokens sampled):"]
     for arm, a in arms.items():
         led = a.get("ledger")

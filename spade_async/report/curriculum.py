@@ -172,12 +172,12 @@ def curriculum_table(families: list[dict[str, Any]]) -> list[dict[str, Any]]:
             for f in families for k in f["knobs"]]
 
 
-def probe_summary(evals: list[dict]) -> list[dict[str, Any]]:
+def probe_summary(evals: list[dict], suite: str = PROBE) -> list[dict[str, Any]]:
     """The probe's solve rate per policy version (its newest run of each), with the 95%
-    Wilson interval over the tasks it scored."""
+    Wilson interval over the tasks it scored; `suite`: probe, or probe-greedy."""
     latest: dict[int, dict] = {}
     for r in evals:
-        if r.get("suite") == PROBE:
+        if r.get("suite") == suite:
             v = int(r.get("version", 0))
             if v not in latest or float(r.get("time", 0)) >= float(latest[v].get("time", 0)):
                 latest[v] = r
@@ -230,3 +230,8 @@ def probe_text(row: dict[str, Any]) -> str:
             f"[{lo:.2f}, {hi:.2f}]")
 
 
+def probe_paired_text(suite: str, p: dict[str, Any]) -> str:
+    """`probe v12 - v0: +0.085 [+0.031, +0.139] (n=200, 31 gained, 14 lost; above 0)`."""
+    from spade_async.evals.paired import paired_text
+
+    return f"{suite} v{p['after']} - v{p['before']}: {paired_text(p)}"

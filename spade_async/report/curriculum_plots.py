@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from spade_async.core.config.eval import PROBE_SUITES
 from spade_async.report.axes import empty, minutes
 from spade_async.report.curriculum import (
     DESIGN_MOVES,
@@ -126,25 +127,30 @@ def plot_curriculum(d: RunData, axes: list, fig, solved_at: float) -> None:
 
 
 def plot_probe(d: RunData, ax) -> None:
-    rows = probe_summary(d.evals)
-    if not rows:
-        empty(ax, "probe evaluations (`spade eval --suite probe`)")
-    else:
-        x = np.array([r["version"] for r in rows])
+    drawn = False
+    for i, suite in enumerate(PROBE_SUITES):  # sampled at the rollout's temperature, greedy
+        rows = probe_summary(d.evals, suite)
+        if not rows:
+            continue
+        drawn = True
+        x = np.array([r["version"] for r in rows], dtype=float) + 0.08 * i  # side by side
         y = np.array([r["solved"] / r["n"] if r["n"] else np.nan for r in rows])
         lo = np.array([r["ci95"][0] for r in rows])
         hi = np.array([r["ci95"][1] for r in rows])
         ax.errorbar(x, y, yerr=[np.maximum(0, y - lo), np.maximum(0, hi - y)], marker="o",
-                    capsize=4, lw=1.5)
+                    capsize=4, lw=1.5, color=f"C{i}", label=suite)
         for r, xi, yi in zip(rows, x, y, strict=True):
             ax.annotate(f"n={r['n']}", (xi, yi), textcoords="offset points", xytext=(6, 4),
                         fontsize=7, color="0.4")
+    if not drawn:
+        empty(ax, "probe evaluations (`spade eval --suite probe --suite probe-greedy`)")
+    else:
         ax.set_xlabel("policy version")
         ax.set_ylabel("unhinted solve rate")
         ax.set_ylim(-0.05, 1.05)
+        ax.legend(loc="best", fontsize=8)
         from matplotlib.ticker import MaxNLocator
 
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_title("Probe: solve rate on fixed training variants per version (95% Wilson "
-                 "interval)")
-
+    ax.set_title("Probe: solve rate on fixed training variants per version, sampled and "
+                 "greedy (95% Wilson interval)")

@@ -8,6 +8,8 @@ finished one:
   <data_dir>/eval/results.jsonl    evaluation scores per policy version (`spade eval`): the
                                    held-out suites, and the probe's solve rate on fixed training
                                    variants (with its 95% Wilson interval)
+  <data_dir>/eval/v<N>/<suite>.jsonl  per-task results: the probe suites' first and last
+                                   versions, paired task by task
 The designer's moves (write / edit, DESIGN §12) and the curriculum its edits set per family come
 from the `move`, `family`/`name`, `params` and `variant_id` fields of designs.jsonl and
 plays.jsonl (the numbers: curriculum.py); records written before those fields existed count as
@@ -31,6 +33,9 @@ class RunData:
     envs: list[dict] = field(default_factory=list)  # memory export, with embeddings
     steps: list[dict] = field(default_factory=list)
     evals: list[dict] = field(default_factory=list)
+    # per probe suite, its last evaluated version against its first, paired task by task on
+    # the stored per-task results (evals/paired.py); a suite with fewer than two is left out
+    probe_paired: dict[str, dict] = field(default_factory=dict)
     memory_error: str | None = None
 
     @property
@@ -41,8 +46,10 @@ class RunData:
 
 
 def load_run(cfg: SpadeConfig) -> RunData:
+    from spade_async.core.config.eval import PROBE_SUITES
     from spade_async.core.config.trainer import trainer_root
     from spade_async.evals.base import load_results
+    from spade_async.evals.paired import first_to_last
 
     rdir = run_dir(cfg)
     data = RunData(designs=read_jsonl(rdir / "designs.jsonl"),
@@ -53,6 +60,9 @@ def load_run(cfg: SpadeConfig) -> RunData:
                    # the policy's versions; an external model's scores (spade eval --model)
                    # are no point on its curve
                    evals=[r for r in load_results(cfg.paths.data_dir) if not r.get("external")])
+    for suite in PROBE_SUITES:
+        if (p := first_to_last(cfg.paths.data_dir, data.evals, suite)) is not None:
+            data.probe_paired[suite] = p
     try:
         data.envs = _memory_rows(cfg)
     except Exception as exc:  # a report without the memory is still a report

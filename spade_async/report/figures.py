@@ -61,7 +61,9 @@ PLOTS: list[tuple[str, str, str]] = [
      "and the solve rate at the first and at the last setting."),
     ("probe.png", "Probe",
      "Unhinted solve rate on the probe set (fixed training variants, fixed seeds: `spade eval "
-     "--suite probe`) per policy version, with its 95% Wilson interval."),
+     "--suite probe`, sampled at the rollout's temperature, and `--suite probe-greedy`, the "
+     "same tasks at temperature 0) per policy version, with its 95% Wilson interval; below, "
+     "the last version minus the first, paired task by task."),
 ]
 
 

@@ -10,6 +10,7 @@ from spade_async.report.curriculum import (
     CURRICULUM_HEAD,
     curriculum_cells,
     moves_text,
+    probe_paired_text,
     probe_text,
     rate_text,
 )
@@ -41,18 +42,28 @@ def page_html(s: dict[str, Any]) -> str:
             ("evaluations", s["evaluations"]),
             ("designer moves", moves_text(s["moves"])),
             ("frontier", frontier_text(s["frontier"])),
-            ("probe", "; ".join(probe_text(r) for r in s["probe"]) or "not run yet")]
+            ("probe", "; ".join(probe_text(r) for r in s["probe"]) or "not run yet"),
+            ("probe greedy", "; ".join(probe_text(r) for r in s["probe_greedy"])
+             or "not run yet"),
+            ("probe, last vs first version (paired)",
+             "; ".join(probe_paired_text(k, p) for k, p in s["probe_paired"].items())
+             or "needs two evaluated versions")]
     table = "\n".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>"
                       for k, v in rows)
     extra = {
         "curriculum.png": _html_table(CURRICULUM_HEAD,
                                       [curriculum_cells(r) for r in s["curriculum"]])
         if s["curriculum"] else "<p>No family with knobs played yet.</p>",
-        "probe.png": _html_table(("version", "solved", "n", "solve rate", "95% interval"), [
-            (str(r["version"]), str(r["solved"]), str(r["n"]),
-             rate_text(r["solved"] / r["n"] if r["n"] else None, r["n"]),
-             f"[{r['ci95'][0]:.2f}, {r['ci95'][1]:.2f}]") for r in s["probe"]])
-        if s["probe"] else "",
+        "probe.png": _html_table(
+            ("suite", "version", "solved", "n", "solve rate", "95% interval"), [
+                (suite, str(r["version"]), str(r["solved"]), str(r["n"]),
+                 rate_text(r["solved"] / r["n"] if r["n"] else None, r["n"]),
+                 f"[{r['ci95'][0]:.2f}, {r['ci95'][1]:.2f}]")
+                for suite, key in (("probe", "probe"), ("probe-greedy", "probe_greedy"))
+                for r in s[key]])
+        + "".join(f"<p>{html.escape(probe_paired_text(k, p))}</p>"
+                  for k, p in s["probe_paired"].items())
+        if s["probe"] or s["probe_greedy"] else "",
     }
     sections = "\n".join(
         f'<section><h2>{html.escape(title)}</h2><p>{html.escape(caption)}</p>'

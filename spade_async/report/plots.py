@@ -10,8 +10,8 @@ from typing import Any
 
 import numpy as np
 
+from spade_async.core.config.eval import PROBE_SUITES
 from spade_async.report.axes import empty, minutes, same_x
-from spade_async.report.curriculum import PROBE
 from spade_async.report.curves import diversity_curve, pca_2d, rolling_mean
 from spade_async.report.data import RunData, design_outcome
 
@@ -180,12 +180,12 @@ def plot_trainer(d: RunData, ax_loss, ax_lp) -> None:
 
 
 def plot_eval(d: RunData, ax) -> None:
-    if not any(r.get("suite") != PROBE for r in d.evals):
+    if not any(r.get("suite") not in PROBE_SUITES for r in d.evals):
         empty(ax, "evaluations (`spade eval`)")
     else:
         by_suite: dict[str, list[tuple[int, float]]] = {}
         for r in d.evals:
-            if r.get("suite") == PROBE:
+            if r.get("suite") in PROBE_SUITES:
                 continue  # not held out: its own plot, with intervals
             by_suite.setdefault(str(r.get("suite")), []).append(
                 (int(r.get("version", 0)), _num(r.get("score"))))

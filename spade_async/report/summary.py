@@ -68,6 +68,9 @@ def summary(cfg: SpadeConfig, d: RunData) -> dict[str, Any]:
         # edit sizes in neighbour steps and where the plays' solve rates lie (report/frontier.py)
         "frontier": frontier_summary(d.designs, d.plays, d.t0, cfg.validation.solution_score),
         "probe": probe_summary(d.evals),
+        "probe_greedy": probe_summary(d.evals, "probe-greedy"),
+        # per probe suite: its last version minus its first, paired task by task
+        "probe_paired": d.probe_paired,
         "saturation": _saturation(cfg),
     }
 

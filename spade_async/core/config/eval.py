@@ -9,7 +9,11 @@ from pydantic import Field, ValidationInfo, field_validator
 from spade_async.core.config.seeds import seed_catalog
 from spade_async.core.strict import Strict
 
-SuiteName = Literal["reasoning-gym", "reasoning-gym-easy", "bfcl-multi-turn", "probe"]
+SuiteName = Literal["reasoning-gym", "reasoning-gym-easy", "bfcl-multi-turn", "probe",
+                    "probe-greedy"]
+# The suites of fixed training variants (not held out): sampled at the rollout's temperature,
+# and greedy. Both play the same tasks (variants, episode seeds, request seeds).
+PROBE_SUITES: tuple[str, ...] = ("probe", "probe-greedy")
 
 
 class ProbeVariantConfig(Strict):
@@ -27,7 +31,8 @@ class EvalConfig(Strict):
     suites: list[SuiteName] = Field(
         ["reasoning-gym", "bfcl-multi-turn"], description="suites run by default "
         "(reasoning-gym-easy: the same generators at their smallest sizes; probe: a fixed set "
-        "of training variants, not held out; run it with --suite probe or list it here)")
+        "of training variants, not held out, sampled at the rollout's temperature; "
+        "probe-greedy: the same at temperature 0; run them with --suite or list them here)")
     probe_variants: list[ProbeVariantConfig] | None = Field(
         None, min_length=1, description="the probe suite's variants. None: every seed "
         "environment at the points probe_rungs names")
