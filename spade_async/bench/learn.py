@@ -246,12 +246,18 @@ class Stack:
                                                     stderr=subprocess.STDOUT,
                                                     start_new_session=True)
 
-    def check(self) -> None:
+    def running(self) -> bool:
+        """True while both run; False once one has ended by itself with exit code 0 (a bounded
+        daemon, daemon.stop_after_versions); raises when one failed."""
         for name, p in self.procs.items():
-            if p.poll() is not None:
-                tail = (self.out / f"{name}.log").read_text(errors="replace")[-3000:]
-                raise LearnBenchError(f"the {name} exited with {p.returncode} "
-                                      f"(log {self.out / f'{name}.log'}):\n{tail}")
+            if p.poll() is None:
+                continue
+            if p.returncode == 0:
+                return False
+            tail = (self.out / f"{name}.log").read_text(errors="replace")[-3000:]
+            raise LearnBenchError(f"the {name} exited with {p.returncode} "
+                                  f"(log {self.out / f'{name}.log'}):\n{tail}")
+        return True
 
     def stop(self, timeout_s: float = 600.0) -> None:
         """SIGTERM both (the daemon drains, the trainer finishes its step and checkpoints)."""
@@ -278,7 +284,11 @@ def _current(data_dir: Path) -> tuple[int, str | None]:
 def run_learn_bench(cfg_path: Path, *, family: str = "arithmetic", minutes: float = 30.0,
                     probe_seeds: int = 200, name: str | None = None,
                     overrides: Sequence[str] = (), bin_minutes: float = 5.0,
+                    base_url: str | None = None,
                     progress: Callable[[str], None] = lambda _m: None) -> dict[str, Any]:
+    """The bench (see the module's docstring). `base_url`: a running vLLM to use instead of
+    starting one (it must serve the config's model with the backend the config names; its
+    state is the bench's to change)."""
     from spade_async.bench.ladder import rung_params
     from spade_async.core.trainer_metrics import events, step_stats
     from spade_async.envs.seed_checks import load_checked_config
@@ -294,6 +304,8 @@ def run_learn_bench(cfg_path: Path, *, family: str = "arithmetic", minutes: floa
     if (out / "run").exists():
         raise LearnBenchError(f"{out} holds a run already; pick another --name")
     sets = [parse_override(o) for o in overrides]
+    if base_url is not None:
+        sets.append(("endpoints.0.base_url", base_url))
     config = write_bench_config(base_cfg, cfg_path, out, family=family, params=params,
                                 probe_seeds=probe_seeds, overrides=sets)
     cfg = load_checked_config(config)
@@ -304,12 +316,15 @@ def run_learn_bench(cfg_path: Path, *, family: str = "arithmetic", minutes: floa
     report: dict[str, Any] = {"dir": str(out), "config": str(config), "family": family,
                               "params": params, "minutes": minutes, "overrides": dict(sets),
                               "probe_seeds": probe_seeds, "temperature": t_sample}
-    port = int(cfg.endpoints[0].base_url.rsplit(":", 1)[1].split("/")[0])
-    progress(f"{out}: starting vLLM on :{port} ({cfg.endpoints[0].weight_swap.type})")
-    server = start_inference(port, checkpoint_dir(cfg), out / "inference.log",
-                             max_model_len=max(cfg.rollout.max_seq_len, cfg.eval.max_seq_len),
-                             extra_env={"SPADE_CONFIG": str(config)}, progress=progress)
-    report["vllm_start_s"] = round(server.start_seconds, 1)
+    server = None
+    if base_url is None:
+        port = int(cfg.endpoints[0].base_url.rsplit(":", 1)[1].split("/")[0])
+        progress(f"{out}: starting vLLM on :{port} ({cfg.endpoints[0].weight_swap.type})")
+        server = start_inference(port, checkpoint_dir(cfg), out / "inference.log",
+                                 max_model_len=max(cfg.rollout.max_seq_len,
+                                                   cfg.eval.max_seq_len),
+                                 extra_env={"SPADE_CONFIG": str(config)}, progress=progress)
+        report["vllm_start_s"] = round(server.start_seconds, 1)
     try:
         chat = ChatTokens.from_pretrained(cfg.model.tokenizer or checkpoint_dir(cfg))
 
@@ -335,8 +350,7 @@ def run_learn_bench(cfg_path: Path, *, family: str = "arithmetic", minutes: floa
         try:
             end = time.monotonic() + minutes * 60
             next_note = time.monotonic() + 60
-            while time.monotonic() < end:
-                stack.check()
+            while time.monotonic() < end and stack.running():
                 time.sleep(2)
                 if time.monotonic() >= next_note:
                     next_note += 60
@@ -357,7 +371,8 @@ def run_learn_bench(cfg_path: Path, *, family: str = "arithmetic", minutes: floa
         progress(f"loop stopped after {loop_s / 60:.1f} minutes at v{version}")
         after = anyio.run(probe, version, model or cfg.model.served_name) if version else before
     finally:
-        server.stop()
+        if server is not None:
+            server.stop()
 
     from spade_async.core.policy import version_dir
 

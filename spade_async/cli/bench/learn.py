@@ -27,6 +27,9 @@ def bench_learn(
     overrides: list[str] = typer.Option(None, "--set", help="KEY=VALUE laid over the "
                                         "config, a TOML value (repeatable): trainer.lr=1e-3, "
                                         "endpoints.0.weight_swap.type=\"vllm-reload\""),
+    base_url: str = typer.Option(None, "--base-url", help="use this running vLLM (serving the "
+                                 "config's model with its weight-swap backend) instead of "
+                                 "starting one"),
     as_json: bool = JsonOpt,
 ) -> None:
     """Does the optimiser learn? Probe (sampled and greedy) before and after with a paired
@@ -38,7 +41,7 @@ def bench_learn(
 
     try:
         r = run_learn_bench(config, family=family, minutes=minutes, probe_seeds=probe_seeds,
-                            name=name, overrides=overrides or (),
+                            name=name, overrides=overrides or (), base_url=base_url,
                             progress=lambda m: typer.echo(f"[learn] {m}", err=True))
     except (ConfigError, ValueError) as exc:
         raise fail(str(exc), 2) from None
