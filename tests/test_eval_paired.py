@@ -314,3 +314,47 @@ async def test_probe_greedy_plays_at_temperature_zero(chat):
     assert [t.task_id for t in greedy.tasks] == [t.task_id for t in sampled.tasks]
     assert {t.detail["temperature"] for t in greedy.tasks} == {0.0}
     assert {t.detail["temperature"] for t in sampled.tasks} == {0.7}
+
+
+# ---- a past version on a full-weight server --------------------------------------------------
+
+
+def test_eval_of_a_past_version_reloads_its_weights_then_the_newest(fake, checkpoint, tmp_path):
+    """A vllm-reload server holds one version: `spade eval --version 0` reloads the base
+    checkpoint, evaluates, and reloads the newest published version after; refused while the
+    daemon runs."""
+    import os
+
+    server, _chat = fake
+    data = tmp_path / "data"
+    (data / "models").mkdir(parents=True)
+    (data / "models" / "smollm2").symlink_to(checkpoint)
+    v2 = data / "weights" / "v2"
+    v2.mkdir(parents=True)
+    (v2 / "model.safetensors").write_bytes(b"stand-in: the fake server never reads it")
+    (data / "weights" / "current.json").write_text(json.dumps(
+        {"version": 2, "model": "policy"}))
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[paths]\ndata_dir = "{data}"\n[model]\ncheckpoint_name = "smollm2"\n'
+                   f'[[endpoints]]\nname = "fake"\nbase_url = "{server.base_url}"\n'
+                   '[endpoints.weight_swap]\ntype = "vllm-reload"\n'
+                   '[eval]\nprobe_seeds = 1\nprobe_variants = [{family = "arithmetic"}]\n'
+                   '[sandbox]\nslots = 2\nwarm_workers = 1\n')
+    server.state.calls.clear()
+    runner = CliRunner()
+    res = runner.invoke(app, ["eval", "-c", str(cfg), "--version", "0", "--suite", "probe",
+                              "--json"], env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert res.exit_code == 0, res.output
+    assert server.state.calls.count("reload_weights") == 2
+    assert server.state.weights_path == str(v2.resolve())  # the newest is back
+    assert server.state.weight_version == "2"
+    rows = json.loads(res.stdout[res.stdout.index("["):])
+    assert rows[0]["version"] == 0 and rows[0]["scored"] == 1
+    # a running daemon (its status names a live pid): refused, nothing reloaded
+    run = data / "run"
+    run.mkdir()
+    (run / "status.json").write_text(json.dumps({"pid": os.getpid(), "updated_at": 0}))
+    server.state.calls.clear()
+    res = runner.invoke(app, ["eval", "-c", str(cfg), "--version", "0", "--suite", "probe"])
+    assert res.exit_code == 2 and "stop the loop first" in res.output
+    assert "reload_weights" not in server.state.calls

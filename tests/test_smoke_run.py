@@ -78,10 +78,11 @@ def test_bounded_run_stops_by_itself_and_reports(tmp_path, checkpoint):
     # its reason (the report reads the same memory below).
     designs = _jsonl(data / "run" / "designs.jsonl")
     assert designs and all(d["status"] == "accepted" or d["reason"] for d in designs), designs
-    # The trainer consumed at least two batches and published versions in order.
+    # The trainer took at least two steps, each from batches no older than the last one's,
+    # and published versions in order.
     metrics = _jsonl(data / "trainer" / "metrics.jsonl")
     steps = [m for m in metrics if m["event"] == "step"]
-    assert len(steps) >= 2 and [s["seq"] for s in steps] == sorted(s["seq"] for s in steps)
+    assert len(steps) >= 2 and [s["seqs"] for s in steps] == sorted(s["seqs"] for s in steps)
     published = [s["publish"]["version"] for s in steps if s.get("publish", {}).get("ok")]
     current = json.loads((data / "weights" / "current.json").read_text())
     assert current["version"] >= 2 and published == list(range(1, current["version"] + 1))

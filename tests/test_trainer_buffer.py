@@ -132,3 +132,31 @@ def test_selection_drops_are_counted_once_across_a_restart(tmp_path: Path):
     buf2 = SampleBuffer(tcfg(), {"agent": 1.0, "designer": 0.0}, again)
     buf2.claim(spool.claim_next(0), 0)
     assert buf2.dropped == {} and len(buf2.pending) == 4
+
+
+def test_a_designer_only_stream_is_bounded_and_its_oldest_sample_sets_the_wait(tmp_path):
+    """Designer samples never fill an agent step: the buffer keeps at most two steps' worth
+    (the oldest dropped as they come), and the wait the loop compares with step_wait_s runs
+    from the oldest pending sample's claim, not from the last batch (a daemon writing a
+    designer batch every few seconds must not postpone the step forever)."""
+    rng = np.random.default_rng(7)
+    with FileSpool(tmp_path, writer=True) as w:
+        for b in range(5):
+            w.write([synthetic_sample(rng, f"d{b}.{i}", vocab=64, role="designer")
+                     for i in range(2)])
+    spool = FileSpool(tmp_path)
+    buf = SampleBuffer(tcfg(samples_per_step=8), WEIGHTS, OpenBatches())  # cap 2, keep 4
+    assert buf.waited_s() == 0.0
+    buf.claim(spool.claim_next(0), 0)
+    buf.claimed_at[1] -= 100.0  # the first batch came 100 s ago
+    for seq in range(2, 6):
+        assert buf.wants_more()
+        buf.claim(spool.claim_next(seq - 1), 0)
+    assert len(buf.pending) == 4 and buf.dropped == {"designer_cap": 6}
+    # the first batch's samples were dropped: the oldest pending is batch 4's, just claimed
+    assert min(s.seq for s in buf.pending) == 4 and buf.waited_s() < 50
+    buf.claimed_at[4] -= 200.0
+    assert buf.waited_s() >= 200 and not buf.ready() and buf.ready(force=True)
+    plan = buf.take(0, force=True)
+    assert [s.sample_id for s in plan.samples] == ["d3.0", "d3.1"]  # up to the cap, oldest first
+    assert plan.dropped == {"designer_cap": 6}

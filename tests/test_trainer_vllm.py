@@ -163,8 +163,12 @@ def _setup(tmp_path: Path, checkpoint: Path, server, swap: str, rollouts, n_batc
     write_config(tmp_path / "cfg.toml", tmp_path, checkpoint_name="smollm2",
                  endpoints=[("cpu", server.base_url, swap)],
                  swap_options="max_loaded_adapters = 2\n" if swap == "vllm-lora" else "")
+    # a step per batch: its agent samples are one step's budget, its designer samples fit
+    agents = sum(s.role != "designer" for s in rollouts)
     write_trainer_config(tmp_path / "trainer.toml", publish_every_steps=1,
-                         micro_batch_tokens=1024, publish_timeout_s=120.0, **trainer)
+                         micro_batch_tokens=1024, publish_timeout_s=120.0,
+                         samples_per_step=agents,
+                         designer_max_share=(len(rollouts) - agents) / agents, **trainer)
     with FileSpool(tmp_path / "spool", writer=True) as spool:
         for _ in range(n_batches):
             spool.write(rollouts)
@@ -222,7 +226,7 @@ def test_full_reload_publish_serves_the_new_weights_under_the_base_name(rollouts
     from transformers import AutoModelForCausalLM
 
     d = _setup(tmp_path, checkpoint, vllm_server, "vllm-reload", rollouts, 1, mode="full",
-               lr=1e-4, checkpoint_every_steps=1)
+               lr=3e-4, checkpoint_every_steps=1)
     probe = list(rollouts[1].token_ids)
     base_vllm = anyio.run(_prompt_logprobs, vllm_server.base_url, probe, "policy")
     try:

@@ -6,7 +6,9 @@ samples up to `designer_max_share` of that (or, with `designer_steps = "separate
 steps of their own). Every sample taken from the spool ends trained or dropped with a named
 reason: `stale` (older than max_staleness versions when its step came), `designer_cap`
 (designer samples beyond two steps' worth, oldest first), and the selection's own
-(`zero_weight_<role>`, `no_trainable_token`).
+(`zero_weight_<role>`, `no_trainable_token`). When a full step does not come, the loop trains
+what the buffer holds once its oldest sample has waited `step_wait_s` (a designer-only phase
+fills no agent step, yet its samples are trained while fresh).
 
 Exactly once: the trainer state remembers, per batch past `last_seq` (the last batch wholly
 done), which of its rows are done; it is saved inside each checkpoint, and a batch is
@@ -19,6 +21,7 @@ takes the same steps (rank 0 decides when, trainer/loop.py).
 from __future__ import annotations
 
 import math
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -72,6 +75,7 @@ class SampleBuffer:
         self.dropped: Counter[str] = Counter()  # since the last step was planned
         self.last_step_role = "designer"  # separate mode: an agent step comes first
         self.designer_cap = math.ceil(tcfg.designer_max_share * tcfg.samples_per_step)
+        self.claimed_at: dict[int, float] = {}  # batch seq -> when it was claimed (monotonic)
 
     # ---- claiming --------------------------------------------------------------------------
 
@@ -98,6 +102,19 @@ class SampleBuffer:
             self.dropped[why] += 1
         self.pending.extend(s for s in sel.samples if s.row not in done)
         self.batches.mark(batch.seq, len(batch), [row for row, _ in drops])
+        self.claimed_at[batch.seq] = time.monotonic()
+        self._drop(version)  # designer samples beyond two steps' worth go now, not at a step
+
+    def waited_s(self) -> float:
+        """How long the oldest pending sample has waited since its batch was claimed (0 when
+        the buffer is empty): the loop trains what is here once it passes step_wait_s."""
+        if not self.pending:
+            self.claimed_at.clear()
+            return 0.0
+        oldest = min(s.seq for s in self.pending)
+        for seq in [q for q in self.claimed_at if q < oldest]:
+            del self.claimed_at[seq]
+        return time.monotonic() - self.claimed_at.get(oldest, time.monotonic())
 
     # ---- steps -----------------------------------------------------------------------------
 

@@ -71,7 +71,6 @@ class Trainer:
         self.next_publish_try = 0.0
         self.next_serve_check = 0.0  # when to check that the endpoints still serve our version
         self._batch: Batch | None = None
-        self.last_arrival = time.monotonic()  # when a batch was last claimed
 
     # ---- the loop ------------------------------------------------------------------------------
 
@@ -158,15 +157,13 @@ class Trainer:
                 return STOP  # asked while waiting: the batch stays for the next run
             if batch is not None:
                 self._batch = batch
-                self.last_arrival = time.monotonic()
                 return batch.seq
         else:
             time.sleep(self.tcfg.poll_interval_s)
         idle = (self.exit_when_idle_s is not None
                 and time.monotonic() - idle_since > self.exit_when_idle_s)
-        if self.buffer.pending and (idle or time.monotonic() - self.last_arrival
-                                    > self.tcfg.step_wait_s):
-            return STEP_NOW  # nothing new for a while (or leaving): train what is here
+        if self.buffer.pending and (idle or self.buffer.waited_s() > self.tcfg.step_wait_s):
+            return STEP_NOW  # the oldest sample has waited long enough (or leaving): train it
         if idle:
             log.info("trainer_idle_exit", idle_s=self.exit_when_idle_s)
             return STOP

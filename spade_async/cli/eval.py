@@ -43,6 +43,40 @@ async def _serve_published_adapter(cfg: SpadeConfig, pool: Any, version: int, mo
         pool.note_model(ep.name, model, served=True)
 
 
+def _reload_only(cfg: SpadeConfig) -> bool:
+    """Every trained endpoint reloads full weights: it holds one version at a time."""
+    return {e.weight_swap.type for e in cfg.endpoints} - {"none"} == {"vllm-reload"}
+
+
+def _daemon_running(cfg: SpadeConfig) -> bool:
+    from spade_async.cli.status_read import read_status
+
+    try:
+        return bool(read_status(cfg).get("running"))
+    except (FileNotFoundError, ValueError):
+        return False
+
+
+async def _reload_version(cfg: SpadeConfig, pool: Any, version: int, progress: Any) -> None:
+    """A vllm-reload server holds only the newest version: load `version`'s full weights
+    (the base checkpoint for 0) from its weight directory into every such endpoint, through
+    the trainer's own swap (pause, reload_weights, reset_prefix_cache, weight version,
+    resume). The trainer's serve check pushes its own version back when it runs again."""
+    from spade_async.core.config import VllmReloadSwap, checkpoint_dir
+    from spade_async.core.policy import version_dir
+    from spade_async.inference.errors import EndpointError
+    from trainer.swap.reload import ReloadSwapper
+
+    path = checkpoint_dir(cfg) if version == 0 else version_dir(cfg.paths.data_dir, version)
+    if not any(path.glob("*.safetensors")):
+        raise EndpointError(f"the full weights of version {version} are not kept at {path} "
+                            "(trainer.keep_versions keeps the newest few)")
+    for ep in cfg.endpoints:
+        if isinstance(ep.weight_swap, VllmReloadSwap):
+            progress(f"{ep.name}: reloading version {version}'s weights from {path}")
+            await ReloadSwapper(pool, ep.name, cfg.model.served_name).swap(version, path)
+
+
 def evaluate(
     config: Path = ConfigOpt,
     version: str = typer.Option("latest", "--version", help="policy version N, or 'latest' "
@@ -109,8 +143,16 @@ def evaluate(
         return
     check_endpoint_secrets(cfg)
     route = role_route(cfg, "eval")
+    # A full-weight server holds one version: another one is reloaded for the evaluation (and
+    # the newest put back after), which only a stopped loop may see.
+    reload = route.model is None and _reload_only(cfg) and v != current.version
+    if reload and _daemon_running(cfg):
+        raise fail(f"--version {version}: the servers hold v{current.version} and reload full "
+                   "weights; evaluating another version means reloading it, and the running "
+                   "daemon would sample from it: stop the loop first", 2)
     try:
-        served = route.model or model_for_version(cfg, v, (current.version, current.model))
+        served = cfg.model.served_name if reload else (
+            route.model or model_for_version(cfg, v, (current.version, current.model)))
     except ValueError as exc:
         raise fail(f"--version {version}: {exc}", 2) from None
     tokenizer = cfg.model.tokenizer or checkpoint_dir(cfg)
@@ -135,11 +177,18 @@ def evaluate(
         async with EndpointPool(cfg.endpoints, cfg.pool) as pool:
             await pool.check()
             check_roles(cfg, pool, ("eval",))
-            if route.model is None:
+            if route.model is None and not reload:
                 await _serve_published_adapter(cfg, pool, v, served, progress)
+            if reload:
+                await _reload_version(cfg, pool, v, progress)
             progress(f"roles.eval: group {route.group}, {route.path} path, model {served}")
-            return await evaluate_version(cfg, pool, chat, version=v, model=served,
-                                          suites=names, limit=limit, progress=progress)
+            try:
+                return await evaluate_version(cfg, pool, chat, version=v, model=served,
+                                              suites=names, limit=limit, progress=progress)
+            finally:
+                if reload:  # the newest version back where the trainer left it
+                    with anyio.CancelScope(shield=True):
+                        await _reload_version(cfg, pool, current.version, progress)
 
     try:
         results = anyio.run(main)

@@ -51,6 +51,9 @@ id_field = "id"
 embedding_model = "hash-384"
 [trainer]
 lr = 1e-4
+samples_per_step = 2           # the scripted daemon writes designer-only batches (2 a document):
+designer_max_share = 1.0       # each is trained within step_wait_s of its claim, a step or two
+step_wait_s = 1.0              # per batch
 micro_batch_tokens = 2048
 publish_every_steps = 1
 checkpoint_every_steps = 1

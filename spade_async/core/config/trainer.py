@@ -97,9 +97,9 @@ class TrainerConfig(Strict):
         "first), or alternate (the servers are paused, in-flight requests kept, while a step "
         "trains and publishes, and the CPU server binds every core: generate, then train)")
     step_wait_s: float = Field(
-        120.0, gt=0, description="train what the buffer holds when fewer than "
-        "samples_per_step agent samples have come and no new batch has arrived for this "
-        "long (a slow daemon or a designer-only phase still gets trained)")
+        120.0, gt=0, description="train what the buffer holds when its oldest sample has "
+        "waited this long without samples_per_step agent samples coming (a slow daemon or a "
+        "designer-only phase, whose samples never fill an agent step, still gets trained)")
 
     # -- batching -------------------------------------------------------------------------------
     pack: bool = Field(True, description="pack samples into rows (several sequences per row "
