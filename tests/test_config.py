@@ -1,3 +1,4 @@
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -19,9 +20,14 @@ def test_shipped_configs_differ_where_documented():
     smoke = load_config(ROOT / "configs" / "smoke.toml", environ={})
     gpu = load_config(ROOT / "configs" / "gpu-node.toml", environ={})
     multi = load_config(ROOT / "configs" / "multi-node.toml", environ={})
-    # smoke = embedded + a stop, smaller budgets, its own data dir, the shared checkpoint
+    # smoke = embedded + a stop, smaller budgets (a step per few plays, no warm-up), its own data
+    # dir, the shared checkpoint
     assert smoke.daemon.stop_after_versions == 2 and embedded.daemon.stop_after_versions == 0
-    assert smoke.trainer == embedded.trainer and smoke.sandbox == embedded.sandbox
+    assert smoke.trainer.samples_per_step < embedded.trainer.samples_per_step
+    assert smoke.trainer == replace(embedded.trainer, samples_per_step=smoke.trainer.samples_per_step,
+                                    warmup_steps=0)
+    assert smoke.sandbox == embedded.sandbox
+    assert embedded.endpoints[0].weight_swap.type == "vllm-reload"
     assert smoke.paths.data_dir != embedded.paths.data_dir
     assert smoke.paths.models_dir == embedded.paths.data_dir / "models"
     assert [e.weight_swap.type for e in gpu.endpoints] == ["vllm-nccl", "vllm-nccl"]

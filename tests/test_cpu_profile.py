@@ -163,14 +163,15 @@ def _shell(tmp_path, *args: str, **env: str) -> dict[str, str]:
 def test_config_shell_names_the_dtype_and_why(tmp_path):
     here = choose_dtype("auto")
     got = _shell(tmp_path)
-    assert got == {"device": "cpu", "dtype": here.dtype, "reason": here.reason, "lora": "1",
+    # the embedded default reloads merged weights: no adapters served, no --enable-lora
+    assert got == {"device": "cpu", "dtype": here.dtype, "reason": here.reason, "lora": "0",
                    "lora_targets": "q_proj k_proj v_proj o_proj"}  # trainer.lora_targets
     forced = _shell(tmp_path, SPADE__MODEL__DTYPE="float32")
     assert forced["dtype"] == "float32" and forced["reason"] == "model.dtype = float32 in the config"
     gpu = _shell(tmp_path, "--vllm-python", str(_fake_python(tmp_path / "py", "gpu")))
     assert gpu["device"] == "gpu" and gpu["dtype"] == "auto"
-    reload = _shell(tmp_path, SPADE__ENDPOINTS__0__WEIGHT_SWAP__TYPE="vllm-reload")
-    assert reload["lora"] == "0"  # no adapters served: no --enable-lora
+    lora = _shell(tmp_path, SPADE__ENDPOINTS__0__WEIGHT_SWAP__TYPE="vllm-lora")
+    assert lora["lora"] == "1"  # adapters served: --enable-lora on trainer.lora_targets
 
 
 # ---- the trainer follows ------------------------------------------------------------------------

@@ -248,6 +248,10 @@ designer_max_tokens = 256
 examples_k = 0
 replay_probability = 1.0
 max_batches_ahead = 2
+[trainer]
+samples_per_step = 6
+warmup_steps = 0
+step_wait_s = 60
 [eval]
 reasoning_gym_per_generator = 1
 probe_seeds = 2

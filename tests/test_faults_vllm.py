@@ -190,7 +190,8 @@ def _episodes_since(data: Path, t0: float, min_version: int) -> list[dict]:
 
 def test_daemon_and_trainer_ride_out_every_fault_and_a_killed_vllm(tmp_path, checkpoint):
     port = _free_port()
-    server = start_inference(port, checkpoint, tmp_path / "vllm-1.log", max_model_len=2048)
+    server = start_inference(port, checkpoint, tmp_path / "vllm-1.log", max_model_len=2048,
+                             extra_env={"SPADE_VLLM_LORA": "1"})
     proxy = FaultProxy(server.base_url, upstream_failure="drop").start()
     stack = Stack(tmp_path, _config(tmp_path, proxy.base_url, checkpoint))
     data = stack.data
@@ -229,7 +230,8 @@ def test_daemon_and_trainer_ride_out_every_fault_and_a_killed_vllm(tmp_path, che
         server.proc.wait()
         time.sleep(3)
         stack.alive()
-        server = start_inference(port, checkpoint, tmp_path / "vllm-2.log", max_model_len=2048)
+        server = start_inference(port, checkpoint, tmp_path / "vllm-2.log", max_model_len=2048,
+                                 extra_env={"SPADE_VLLM_LORA": "1"})
         t_restart = time.time()
 
         def restored() -> bool:
@@ -294,5 +296,6 @@ def test_daemon_and_trainer_ride_out_every_fault_and_a_killed_vllm(tmp_path, che
             assert pa.ipc.open_file(src).read_all().num_rows > 0
     trained = [m["seqs"] for m in _jsonl(data / "trainer" / "metrics.jsonl")
                if m["event"] == "step"]
-    assert not trained or (trained[0][0] == 1 and trained == sorted(trained)), trained
+    # (a step's range can start past 1: designer samples beyond the cap are dropped at claim)
+    assert not trained or (trained[0][0] >= 1 and trained == sorted(trained)), trained
     assert not seqs or seqs == list(range(seqs[0], seqs[-1] + 1)), seqs

@@ -323,7 +323,8 @@ def run_learn_bench(cfg_path: Path, *, family: str = "arithmetic", minutes: floa
         server = start_inference(port, checkpoint_dir(cfg), out / "inference.log",
                                  max_model_len=max(cfg.rollout.max_seq_len,
                                                    cfg.eval.max_seq_len),
-                                 extra_env={"SPADE_CONFIG": str(config)}, progress=progress)
+                                 extra_env={"SPADE_CONFIG": str(out / "learn.toml")},
+                                 progress=progress)
         report["vllm_start_s"] = round(server.start_seconds, 1)
     try:
         chat = ChatTokens.from_pretrained(cfg.model.tokenizer or checkpoint_dir(cfg))
@@ -345,6 +346,7 @@ def run_learn_bench(cfg_path: Path, *, family: str = "arithmetic", minutes: floa
         before = anyio.run(probe, 0, cfg.model.served_name)
         stack = Stack(config, out)
         start = time.time()
+        ended_by = "minutes"
         stack.start()
         progress(f"loop started: daemon and trainer for {minutes:g} minutes")
         try:
@@ -364,6 +366,8 @@ def run_learn_bench(cfg_path: Path, *, family: str = "arithmetic", minutes: floa
                              + (f"{last['rate']} (n={last['n']}, minutes "
                                 f"{last['minutes'][0]:g}-{last['minutes'][1]:g})"
                                 if last else "-"))
+            if time.monotonic() < end:
+                ended_by = "daemon"  # a bounded loop (daemon.stop_after_versions) ended first
         finally:
             stack.stop()
         loop_s = time.time() - start
@@ -382,7 +386,7 @@ def run_learn_bench(cfg_path: Path, *, family: str = "arithmetic", minutes: floa
                               cfg.trainer, before["sampled"])
     steps = [e for e in events(data / "trainer" / "metrics.jsonl") if e.get("event") == "step"]
     report.update({
-        "loop_s": round(loop_s, 1), "version": version,
+        "loop_s": round(loop_s, 1), "loop_ended_by": ended_by, "version": version,
         "probe": {}, "teacher_forced": {
             "episodes": "the base model's sampled probe replies (their own ids)",
             "before": tf_before, "after": tf_after,
