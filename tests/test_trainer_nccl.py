@@ -388,7 +388,7 @@ def test_inference_script_starts_nccl_servers_with_weight_transfer(tmp_path, che
     stub.write_text("#!/bin/sh\necho \"$@\"\n")
     stub.chmod(0o755)
     out = {}
-    for cfg in ("gpu-node.toml", "embedded.toml"):
+    for cfg in ("gpu-node.toml", "embedded.toml", "experiment.toml"):
         env = dict(os.environ, SPADE_CONFIG=f"configs/{cfg}", SPADE_VLLM_PYTHON=str(stub),
                    SPADE_VLLM_DEVICE="gpu", SPADE_MODEL_DIR=str(checkpoint))
         proc = subprocess.run(["bash", "scripts/inference.sh"], cwd=REPO, env=env,
@@ -397,7 +397,9 @@ def test_inference_script_starts_nccl_servers_with_weight_transfer(tmp_path, che
         out[cfg] = proc.stdout
     assert '--weight-transfer-config {"backend": "nccl"}' in out["gpu-node.toml"]
     assert "--weight-transfer-config" not in out["embedded.toml"]
-    assert "--enable-lora" in out["embedded.toml"]
+    # the embedded default publishes by full reload (LoRA merged): no LoRA layers to slow decode
+    assert "--enable-lora" not in out["embedded.toml"]
+    assert "--enable-lora" in out["experiment.toml"]
 
 
 def test_restore_lost_pushes_into_a_server_held_paused_by_a_partial_update(tmp_path):
