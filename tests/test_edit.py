@@ -257,3 +257,34 @@ async def test_daemon_edit_options_follow_the_parents_solve_rate(fake_with_choic
                            for d in designs)
     assert {d["parent_solve"] for d in designs} == {sum(unhinted) / len(unhinted)}
     assert all(d["knob_steps"]["level"] <= 1 for d in designs)
+
+
+@pytest.mark.parametrize(("rung", "level"), [("easiest", 0), ("default", 12)])
+async def test_an_environment_never_played_is_first_played_at_its_easiest_point(
+        fake_with_choices, tmp_path, rung, level):
+    """ACCEL starts from simple levels: a stored environment never played (a bootstrap seed)
+    is replayed at its easiest point (`daemon.unseen_rung`), not at defaults a small model
+    cannot solve; "default" keeps the old behaviour."""
+    server, chat = fake_with_choices
+    server.state.script = _agent(chat)
+    server.state.choose = lambda choices, prompt: choices[0]
+    cfg = _daemon_config(tmp_path, server, "learnability")
+    cfg = cfg.model_copy(update={"daemon": cfg.daemon.model_copy(
+        update={"replay_probability": 1.0, "unseen_rung": rung})})
+    memory = DictMemory()
+    memory.envs["lv"] = {"code": LEVEL_ENV, "status": "accepted", "doc_id": "seed:levels",
+                         "chunk_id": "seed", "reason": "", "policy_version": 0}
+    memory.replay_ids = ["lv"]
+    spool = FileSpool(tmp_path / "spool", writer=True)
+    sampler = CorpusSampler.from_config(cfg.corpus, tmp_path / "corpus.json", autocommit=False)
+    async with EndpointPool(cfg.endpoints, cfg.pool) as pool, Sandbox(cfg.sandbox) as sb:
+        daemon = Daemon(cfg, pool=pool, sandbox=sb, memory=memory, spool=spool, corpus=sampler,
+                        chat=chat, run_dir=tmp_path / "run")
+        await daemon.run(max_iterations=1)
+
+    plays = [json.loads(x) for x in (tmp_path / "run" / "plays.jsonl").read_text().split("\n")
+             if x]
+    replays = [p for p in plays if p["move"] == "replay"]
+    assert replays and all(p["params"] == {"level": level} for p in replays), replays
+    solved = [sum(s >= 1 for s in p["unhinted"]) for p in replays]
+    assert all(n == (12 if level == 0 else 0) for n in solved)  # level 0: always solved

@@ -91,11 +91,26 @@ class TrainerPace:
             ctx.spool.last_seq() <= ctx.spool.taken_seq())
 
 
+async def _at_easiest(ctx: LoopContext, env: StoredEnv) -> StoredEnv:
+    """An environment never played, at its easiest point when it has knobs (as it is when its
+    knobs cannot be read)."""
+    try:
+        specs = (await ctx.meta(env.env_id, env.code)).params
+    except GaveUp:
+        return env
+    if not specs:
+        return env
+    params = easiest_point(specs)
+    return StoredEnv(env.env_id, env.code, env.name, params=params,
+                     variant_id=variant_id(env.env_id, params))
+
+
 async def replay_one(ctx: LoopContext, send_env, *, played: bool = False) -> bool:
     """A stored environment into the env stream, by the replay sampler; False when the
     memory has none to give. `played`: only a variant played before, by the sampler's
     priorities (what a hungry trainer gets: a variant known to vary pays a batch, where
-    one never played, at its defaults, often pays nothing)."""
+    one never played often pays nothing). An environment never played is played at its
+    easiest point (`daemon.unseen_rung`)."""
     async with send_env:
         try:
             env = await ctx.memory_op(
@@ -106,6 +121,8 @@ async def replay_one(ctx: LoopContext, send_env, *, played: bool = False) -> boo
             return False
         if env is None:
             return False
+        if not env.params and ctx.cfg.daemon.unseen_rung == "easiest":
+            env = await _at_easiest(ctx, env)
         ctx.counters["replays"] += 1
         await send_env.send(PlayJob(env.env_id, env.code, env.name, None,
                                     params=env.params or None, move="replay"))

@@ -87,8 +87,8 @@ class LanceMemoryPort:
 
     async def sample_replay(self) -> StoredEnv | None:
         """Accepted environments never played (the bootstrap seeds, or a design whose play a
-        crash cut short) come first, oldest first, at their defaults (params {}: the daemon
-        resolves them): PLR's unseen levels. Then PLR's draw over the played variants. The
+        crash cut short) come first, oldest first, with params {} (the daemon plays them at
+        their easiest point or defaults, `daemon.unseen_rung`): PLR's unseen levels. Then PLR's draw over the played variants. The
         unseen list is read once per daemon; new designs are played when they are accepted,
         so they never join it."""
         if self._unseen is None:

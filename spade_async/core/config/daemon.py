@@ -23,6 +23,11 @@ class DaemonConfig(Strict):
         "knobs is played at: its defaults, its easiest point (each knob's `easy` value), or "
         "both (a baseline a small model has a signal on: the seeds' defaults are out of its "
         "reach, so it would train on nothing)")
+    unseen_rung: Literal["default", "easiest"] = Field(
+        "easiest", description="mode spade: where an accepted environment never played (the "
+        "bootstrap seeds) is first played when it has knobs: its easiest point (ACCEL starts "
+        "from simple levels; the seeds' defaults are out of a small model's reach: a 60-minute "
+        "embedded run spent its first 34 minutes on variants solved 0-17%) or its defaults")
     designs_per_document: int = Field(4, ge=1, description="G: designs drawn per document")
     designer_max_tokens: int = Field(1536, ge=64, description="completion budget of one design")
     designer_temperature: float = Field(1.0, ge=0)
