@@ -115,6 +115,14 @@ def test_wanted_direction_by_the_parents_solve_rate():
     assert wanted_direction(0.25, 4, 2) == "either"
     assert wanted_direction(0.0, 1, 2) == "either"  # too few episodes: not measured
     assert wanted_direction(None, 0, 2) == "either"
+    # a band: below its low end easier, above its high end harder, inside both ways
+    band = (0.2, 0.8)
+    assert wanted_direction(0.125, 8, 4, band) == "easier"
+    assert wanted_direction(0.2, 8, 4, band) == wanted_direction(0.8, 8, 4, band) == "either"
+    assert wanted_direction(0.875, 8, 4, band) == "harder"
+    assert wanted_direction(0.0, 8, 4, band) == "easier"
+    assert wanted_direction(1.0, 8, 4, band) == "harder"
+    assert wanted_direction(0.125, 2, 4, band) == "either"  # too few episodes: not measured
 
 
 def _changed(specs, current, option) -> list[tuple[str, str]]:

@@ -49,15 +49,17 @@ def render_params(params: dict[str, Any]) -> str:
     return json.dumps(params, sort_keys=True, ensure_ascii=False, separators=(", ", ": "))
 
 
-def wanted_direction(solve_rate: float | None, episodes: int, min_episodes: int) -> str:
-    """Which way the parent's knobs should move (ACCEL edits near the frontier): "easier" when
-    it was played (at least `min_episodes` unhinted episodes) and never solved, "harder" when
-    always solved, "either" otherwise (in between, or not measured yet)."""
+def wanted_direction(solve_rate: float | None, episodes: int, min_episodes: int,
+                     band: tuple[float, float] = (0.0, 1.0)) -> str:
+    """Which way the parent's knobs should move (ACCEL edits near the frontier): when it was
+    played (at least `min_episodes` unhinted episodes), "easier" when it was never solved or
+    solved less often than `band`'s low end, "harder" when always solved or more often than
+    its high end; "either" otherwise (inside the band, or not measured yet)."""
     if solve_rate is None or episodes < max(1, min_episodes):
         return "either"
-    if solve_rate <= 0.0:
+    if solve_rate <= 0.0 or solve_rate < band[0]:
         return "easier"
-    return "harder" if solve_rate >= 1.0 else "either"
+    return "harder" if solve_rate >= 1.0 or solve_rate > band[1] else "either"
 
 
 def candidate_params(specs: Sequence[ParamSpec], current: dict[str, Any], rng: random.Random,

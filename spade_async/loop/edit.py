@@ -159,7 +159,8 @@ class Edits:
     def _offer(self, meta: EnvMeta, current: dict[str, Any], parent_id: str,
                variants: list[Any]) -> EditOffer:
         """The settings offered for an edit of the parent variant `parent_id`: its neighbours
-        toward the frontier, by its unhinted solve rate (design/edit.py `frontier_options`).
+        toward the frontier, by its unhinted solve rate against `daemon.edit_band`
+        (design/edit.py `frontier_options`).
         A parent counts as played once it has half of one play's unhinted episodes (the
         others may have failed and do not score). The rate is the mean unhinted score, the
         memory's statistic: for the binary rewards of the seeds it is the solve rate; with
@@ -169,7 +170,8 @@ class Edits:
         own = next((v for v in variants if v.id == parent_id), None)
         rate = own.stats.mean_unhinted if own is not None else None
         episodes = own.stats.episodes_unhinted if own is not None else 0
-        direction = wanted_direction(rate, episodes, (ctx.cfg.rollout.k_unhinted + 1) // 2)
+        direction = wanted_direction(rate, episodes, (ctx.cfg.rollout.k_unhinted + 1) // 2,
+                                     ctx.cfg.daemon.edit_band)
         candidates, drawn = frontier_options(meta.params, current, ctx.rng,
                                              ctx.cfg.daemon.edit_options, direction)
         if drawn == "fallback":

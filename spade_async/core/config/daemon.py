@@ -53,6 +53,21 @@ class DaemonConfig(Strict):
                                    "stored variant, their advantages normalised together")
     edit_options: int = Field(8, ge=2, le=32, description="neighbouring settings offered to "
                               "the model per edit (the choice constraint's options)")
+    edit_band: tuple[float, float] = Field(
+        (0.2, 0.8), description="the unhinted solve rates an edit aims its parent's variant "
+        "at (ACCEL edits near the frontier): a parent solved less often than the low end is "
+        "offered only easier settings, one solved more often than the high end only harder "
+        "ones, one inside both ways. (0, 1): only a parent never or always solved is steered "
+        "(in a 60-minute embedded run steered so, the median play was solved 0%: a parent at "
+        "1/16 was offered harder settings as often as easier ones)")
+
+    @field_validator("edit_band")
+    @classmethod
+    def _band(cls, v: tuple[float, float]) -> tuple[float, float]:
+        if not 0.0 <= v[0] <= v[1] <= 1.0:
+            raise ValueError(f"edit_band {list(v)} must be [low, high] with 0 <= low <= high <= 1")
+        return v
+
     documents_in_flight: int | None = Field(
         None, ge=1, description="at most this many documents (or edit groups) in flight at "
         "once; None: as many as the endpoints have room for (new work is admitted while the "
