@@ -24,6 +24,7 @@ from spade_async.corpus.sampler import CorpusSampler
 from spade_async.inference.pool import EndpointPool
 from spade_async.loop.daemon import Daemon
 from spade_async.sandbox.runtime import Sandbox
+from spade_async.testing.daemon import run_daemon
 from spade_async.testing.memory import DictMemory
 from spade_async.testing.scripted import ENV_CODE, Script
 
@@ -47,12 +48,7 @@ async def test_one_iteration_regret_advantages_and_batch_by_hand(fake, tmp_path)
     server, chat = fake
     cfg = _config(tmp_path, server)
     memory = DictMemory()
-    spool = FileSpool(tmp_path / "spool", writer=True)
-    sampler = CorpusSampler.from_config(cfg.corpus, tmp_path / "corpus.json", autocommit=False)
-    async with EndpointPool(cfg.endpoints, cfg.pool) as pool, Sandbox(cfg.sandbox) as sb:
-        daemon = Daemon(cfg, pool=pool, sandbox=sb, memory=memory, spool=spool, corpus=sampler,
-                        chat=chat, run_dir=tmp_path / "run")
-        await daemon.run(max_iterations=1)
+    daemon, spool = await run_daemon(cfg, chat, memory, tmp_path, iterations=1)
     # Stored: one accepted env (the known code), one rejected design with its reason.
     statuses = sorted(e["status"] for e in memory.envs.values())
     assert statuses == ["accepted", "rejected"]

@@ -21,15 +21,12 @@ from spade_async.core.config import (
     SpadeConfig,
 )
 from spade_async.core.config.corpus import CorpusConfig, JsonlSourceConfig
-from spade_async.core.spool.files import FileSpool
-from spade_async.corpus.sampler import CorpusSampler
 from spade_async.design.edit import candidate_params, edit_messages, propose_edit, render_params
 from spade_async.envs.knob_steps import edit_steps
 from spade_async.envs.knobs import check_params_schema, resolve_params
 from spade_async.inference.constrained import TokenBytes
 from spade_async.inference.pool import EndpointPool
-from spade_async.loop.daemon import Daemon
-from spade_async.sandbox.runtime import Sandbox
+from spade_async.testing.daemon import run_daemon, run_records
 from spade_async.testing.memory import DictMemory
 
 # Solved unhinted exactly when n % 12 >= level (the scripted agent below): p = (12 - level) / 12.
@@ -149,6 +146,14 @@ def _daemon_config(tmp_path, server, signal: str) -> SpadeConfig:
     )
 
 
+def _levels_memory() -> DictMemory:
+    """A memory holding LEVEL_ENV, accepted, never played."""
+    memory = DictMemory()
+    memory.envs["lv"] = {"code": LEVEL_ENV, "status": "accepted", "doc_id": "seed:levels",
+                         "chunk_id": "seed", "reason": "", "policy_version": 0}
+    return memory
+
+
 def _agent(chat):
     def script(prompt_ids: list[int]) -> list[int]:
         text = chat.tok.decode(prompt_ids)
@@ -164,18 +169,10 @@ async def test_daemon_edits_move_the_knob_where_learnability_pays(fake_with_choi
     pick = random.Random(0)
     server.state.choose = lambda choices, prompt: pick.choice(choices)
     cfg = _daemon_config(tmp_path, server, "learnability")
-    memory = DictMemory()
-    memory.envs["lv"] = {"code": LEVEL_ENV, "status": "accepted", "doc_id": "seed:levels",
-                         "chunk_id": "seed", "reason": "", "policy_version": 0}
-    spool = FileSpool(tmp_path / "spool", writer=True)
-    sampler = CorpusSampler.from_config(cfg.corpus, tmp_path / "corpus.json", autocommit=False)
-    async with EndpointPool(cfg.endpoints, cfg.pool) as pool, Sandbox(cfg.sandbox) as sb:
-        daemon = Daemon(cfg, pool=pool, sandbox=sb, memory=memory, spool=spool, corpus=sampler,
-                        chat=chat, run_dir=tmp_path / "run")
-        await daemon.run(max_iterations=4)
+    memory = _levels_memory()
+    _, spool = await run_daemon(cfg, chat, memory, tmp_path, iterations=4)
 
-    designs = [json.loads(x) for x in (tmp_path / "run" / "designs.jsonl").read_text().split("\n")
-               if x]
+    designs = run_records(tmp_path, "designs")
     assert designs and {d["move"] for d in designs} == {"edit"}
     assert all(d["status"] == "accepted" and d["family"] == "levels" for d in designs)
     # the first edits start from the easiest point (level 0, never played): one step up is
@@ -191,8 +188,7 @@ async def test_daemon_edits_move_the_knob_where_learnability_pays(fake_with_choi
         if d["parent_solve"] == 1.0:  # always solved: only harder (or the parent again)
             assert d["direction"] == "harder"
             assert d["params"]["level"] >= d["parent_params"]["level"]
-    plays = [json.loads(x) for x in (tmp_path / "run" / "plays.jsonl").read_text().split("\n")
-             if x]
+    plays = run_records(tmp_path, "plays")
     assert all(p["move"] == "edit" and p["name"] == "levels" for p in plays)
     levels = [p["params"]["level"] for p in plays]
     assert max(levels) >= 2  # the knob moved up, toward where the agent solves about half
@@ -241,20 +237,12 @@ async def test_daemon_edit_options_follow_the_parents_solve_rate(fake_with_choic
 
     server.state.choose = choose
     cfg = _daemon_config(tmp_path, server, "learnability")
-    memory = DictMemory()
-    memory.envs["lv"] = {"code": LEVEL_ENV, "status": "accepted", "doc_id": "seed:levels",
-                         "chunk_id": "seed", "reason": "", "policy_version": 0}
+    memory = _levels_memory()
     await memory.record_play("lv", unhinted, [1.0, 1.0], params={"level": 6})
-    spool = FileSpool(tmp_path / "spool", writer=True)
-    sampler = CorpusSampler.from_config(cfg.corpus, tmp_path / "corpus.json", autocommit=False)
-    async with EndpointPool(cfg.endpoints, cfg.pool) as pool, Sandbox(cfg.sandbox) as sb:
-        daemon = Daemon(cfg, pool=pool, sandbox=sb, memory=memory, spool=spool, corpus=sampler,
-                        chat=chat, run_dir=tmp_path / "run")
-        await daemon.run(max_iterations=1)
+    await run_daemon(cfg, chat, memory, tmp_path, iterations=1)
 
     assert offered and all({json.loads(o)["level"] for o in opts} == levels for opts in offered)
-    designs = [json.loads(x) for x in (tmp_path / "run" / "designs.jsonl").read_text().split("\n")
-               if x]
+    designs = run_records(tmp_path, "designs")
     assert designs and all(d["direction"] == direction and d["parent_params"] == {"level": 6}
                            for d in designs)
     assert {d["parent_solve"] for d in designs} == {sum(unhinted) / len(unhinted)}
@@ -273,19 +261,11 @@ async def test_an_environment_never_played_is_first_played_at_its_easiest_point(
     cfg = _daemon_config(tmp_path, server, "learnability")
     cfg = cfg.model_copy(update={"daemon": cfg.daemon.model_copy(
         update={"replay_probability": 1.0, "unseen_rung": rung})})
-    memory = DictMemory()
-    memory.envs["lv"] = {"code": LEVEL_ENV, "status": "accepted", "doc_id": "seed:levels",
-                         "chunk_id": "seed", "reason": "", "policy_version": 0}
+    memory = _levels_memory()
     memory.replay_ids = ["lv"]
-    spool = FileSpool(tmp_path / "spool", writer=True)
-    sampler = CorpusSampler.from_config(cfg.corpus, tmp_path / "corpus.json", autocommit=False)
-    async with EndpointPool(cfg.endpoints, cfg.pool) as pool, Sandbox(cfg.sandbox) as sb:
-        daemon = Daemon(cfg, pool=pool, sandbox=sb, memory=memory, spool=spool, corpus=sampler,
-                        chat=chat, run_dir=tmp_path / "run")
-        await daemon.run(max_iterations=1)
+    await run_daemon(cfg, chat, memory, tmp_path, iterations=1)
 
-    plays = [json.loads(x) for x in (tmp_path / "run" / "plays.jsonl").read_text().split("\n")
-             if x]
+    plays = run_records(tmp_path, "plays")
     replays = [p for p in plays if p["move"] == "replay"]
     assert replays and all(p["params"] == {"level": level} for p in replays), replays
     solved = [sum(s >= 1 for s in p["unhinted"]) for p in replays]

@@ -18,17 +18,17 @@ from spade_async.core.io import append_jsonl
 from spade_async.core.logs import get_logger
 from spade_async.core.policy import PolicyVersion, current_path
 from spade_async.core.spool.base import BatchSpool
-from spade_async.envs.contract import EnvMeta
+from spade_async.envs.contract import EnvMeta, ParamSpec
 from spade_async.envs.validate import validate
 from spade_async.envs.validation_report import ValidationReport
 from spade_async.inference.chat_tokens import ChatTokens
 from spade_async.inference.pool import EndpointPool
 from spade_async.inference.roles import ROLES, role_route
 from spade_async.loop.admission import Admission, Stream, StreamPool
-from spade_async.loop.failures import Failures
+from spade_async.loop.failures import Failures, GaveUp
 from spade_async.loop.ledger import SampleLedger
 from spade_async.loop.metrics import Metrics
-from spade_async.loop.ports import MemoryPort
+from spade_async.loop.ports import MemoryPort, StoredEnv
 from spade_async.loop.usage import CountingPool, TokenUsage
 from spade_async.sandbox.runtime import Sandbox
 
@@ -144,6 +144,13 @@ class LoopContext:
                                                 env_id=env_id)
             self._metas[env_id] = meta
         return meta
+
+    async def knobs(self, env: StoredEnv) -> tuple[ParamSpec, ...]:
+        """A stored environment's knobs; none when it has none or they cannot be read."""
+        try:
+            return (await self.meta(env.env_id, env.code)).params
+        except GaveUp:
+            return ()
 
     def known_meta(self, env_id: str) -> EnvMeta | None:
         return self._metas.get(env_id)

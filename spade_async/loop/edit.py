@@ -78,11 +78,8 @@ class Edits:
             if time.monotonic() - stamp > 60 or not families:
                 families = []
                 for env in await ctx.memory_op(ctx.memory.fixed_pool, what="edit_parent"):
-                    try:
-                        if (await ctx.meta(env.env_id, env.code)).params:
-                            families.append(env)
-                    except GaveUp:
-                        continue
+                    if await ctx.knobs(env):
+                        families.append(env)
                 self._knob_families = (time.monotonic(), families)
             if not families:
                 ctx.counters["edit_without_parent"] += 1
@@ -106,8 +103,7 @@ class Edits:
                 params = easiest_point(specs)
         else:
             params = easiest_point(specs)
-        return StoredEnv(env.env_id, env.code, env.name, params=params,
-                         variant_id=variant_id(env.env_id, params))
+        return env.at(params)
 
     def _vocabulary(self) -> TokenBytes:
         if self._vocab is None:

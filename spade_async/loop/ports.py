@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from memory_db.schema import variant_id
 from spade_async.envs.validation_report import ValidationReport
 from spade_async.reward.regret import DesignStatus
 
@@ -28,6 +29,13 @@ class StoredEnv:
             if self.params:  # only the memory knows how params hash; never guess an id here
                 raise ValueError(f"StoredEnv {self.env_id} with params needs its variant_id")
             object.__setattr__(self, "variant_id", self.env_id)
+
+    def at(self, params: dict[str, Any]) -> StoredEnv:
+        """The same environment at other knob values, keyed as the memory keys variants."""
+        if params == self.params:
+            return self
+        return StoredEnv(self.env_id, self.code, self.name, params=dict(params),
+                         variant_id=variant_id(self.env_id, params))
 
 
 class MemoryPort(Protocol):

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import anyio
 
-from memory_db.schema import variant_id
 from spade_async.core.logs import get_logger
 from spade_async.corpus.sampler import CorpusSampler
 from spade_async.envs.knobs import easiest_point
@@ -94,15 +93,8 @@ class TrainerPace:
 async def _at_easiest(ctx: LoopContext, env: StoredEnv) -> StoredEnv:
     """An environment never played, at its easiest point when it has knobs (as it is when its
     knobs cannot be read)."""
-    try:
-        specs = (await ctx.meta(env.env_id, env.code)).params
-    except GaveUp:
-        return env
-    if not specs:
-        return env
-    params = easiest_point(specs)
-    return StoredEnv(env.env_id, env.code, env.name, params=params,
-                     variant_id=variant_id(env.env_id, params))
+    specs = await ctx.knobs(env)
+    return env.at(easiest_point(specs)) if specs else env
 
 
 async def replay_one(ctx: LoopContext, send_env, *, played: bool = False) -> bool:
@@ -187,19 +179,11 @@ class FixedSource:
         out: list[StoredEnv] = []
         for env in envs:
             points: list[dict] = []
-            if "easiest" in rungs:
-                try:
-                    specs = (await ctx.meta(env.env_id, env.code)).params
-                except GaveUp:
-                    specs = ()
-                if specs:
-                    points.append(easiest_point(specs))
+            if "easiest" in rungs and (specs := await ctx.knobs(env)):
+                points.append(easiest_point(specs))
             if ("default" in rungs or not points) and env.params not in points:
                 points.insert(0, dict(env.params))
-            for params in points:
-                out.append(env if params == env.params else StoredEnv(
-                    env.env_id, env.code, env.name, params=params,
-                    variant_id=variant_id(env.env_id, params)))
+            out.extend(env.at(params) for params in points)
         return out
 
     async def run(self, send_env, limit: int | None) -> None:

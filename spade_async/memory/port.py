@@ -88,9 +88,9 @@ class LanceMemoryPort:
     async def sample_replay(self) -> StoredEnv | None:
         """Accepted environments never played (the bootstrap seeds, or a design whose play a
         crash cut short) come first, oldest first, with params {} (the daemon plays them at
-        their easiest point or defaults, `daemon.unseen_rung`): PLR's unseen levels. Then PLR's draw over the played variants. The
-        unseen list is read once per daemon; new designs are played when they are accepted,
-        so they never join it."""
+        their easiest point or defaults, `daemon.unseen_rung`): PLR's unseen levels. Then
+        PLR's draw over the played variants. The unseen list is read once per daemon; new
+        designs are played when they are accepted, so they never join it."""
         if self._unseen is None:
             records = await self.mem.list(status="accepted", limit=None)
             self._unseen = [r.id for r in sorted(records, key=lambda r: (r.created_at, r.id))
