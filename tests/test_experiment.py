@@ -249,9 +249,9 @@ examples_k = 0
 replay_probability = 1.0
 max_batches_ahead = 2
 [trainer]
-samples_per_step = 6
+samples_per_step = 3   # one play's unhinted episodes with a spread make the step
 warmup_steps = 0
-step_wait_s = 60
+step_wait_s = 20
 [eval]
 reasoning_gym_per_generator = 1
 probe_seeds = 2
