@@ -249,7 +249,7 @@ examples_k = 0
 replay_probability = 1.0
 max_batches_ahead = 2
 [trainer]
-samples_per_step = 3   # one play's unhinted episodes with a spread make the step
+samples_per_step = 3   # as configs/smoke.toml: one play's unhinted episodes make a step
 warmup_steps = 0
 step_wait_s = 20
 [eval]
