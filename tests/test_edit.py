@@ -221,7 +221,7 @@ async def test_daemon_edits_move_the_knob_where_learnability_pays(fake_with_choi
 @pytest.mark.parametrize(("unhinted", "direction", "levels"), [
     ([0.0] * 12, "easier", {5, 6}),  # never solved: one step toward easy, or play it again
     ([1.0] * 12, "harder", {6, 7}),  # always solved: one step away from easy, or again
-    ([1.0] * 6 + [0.0] * 6, "either", {5, 7}),  # in between: both neighbours
+    ([1.0] * 6 + [0.0] * 6, "either", {5, 6, 7}),  # in the band: both neighbours, or again
     ([1.0] + [0.0] * 11, "easier", {5, 6}),  # below daemon.edit_band (0.2, 0.8): easier
     ([1.0] * 11 + [0.0], "harder", {6, 7}),  # above it: harder
 ])

@@ -133,10 +133,14 @@ def _changed(specs, current, option) -> list[tuple[str, str]]:
 def test_frontier_options_move_toward_the_frontier():
     specs = declared_params((SEEDS / "number_guess.py").read_text())
     middle = {"span_max": 160, "guesses": 6}
+    # in the band (or not measured): every neighbour and the parent's own setting
     both, drawn = frontier_options(specs, middle, random.Random(0), 8, "either")
-    assert drawn == "either" and len(both) == 4
-    assert sorted(both, key=str) == sorted(candidate_params(specs, middle, random.Random(1), 8),
-                                           key=str)
+    assert drawn == "either" and len(both) == 5 and middle in both
+    assert sorted(both, key=str) == sorted(
+        candidate_params(specs, middle, random.Random(1), 8) + [middle], key=str)
+    # the parent's setting counts toward the limit
+    few, drawn = frontier_options(specs, middle, random.Random(0), 3, "either")
+    assert len(few) == 3 and middle in few
     easier, drawn = frontier_options(specs, middle, random.Random(0), 8, "easier")
     assert drawn == "easier"
     assert sorted(o["span_max"] for o in easier) == [80, 160]
@@ -146,6 +150,7 @@ def test_frontier_options_move_toward_the_frontier():
     harder, drawn = frontier_options(specs, middle, random.Random(0), 8, "harder")
     assert drawn == "harder" and {(o["span_max"], o["guesses"]) for o in harder} == {
         (320, 6), (160, 5)}
+    assert middle not in easier and middle not in harder  # off the band: only moves
     for options in (both, easier, harder):  # every option is one neighbour step or none
         assert all(max(edit_steps(specs, middle, o).values()) <= 1 for o in options)
 
