@@ -358,3 +358,45 @@ def test_eval_of_a_past_version_reloads_its_weights_then_the_newest(fake, checkp
     res = runner.invoke(app, ["eval", "-c", str(cfg), "--version", "0", "--suite", "probe"])
     assert res.exit_code == 2 and "stop the loop first" in res.output
     assert "reload_weights" not in server.state.calls
+
+
+def test_eval_asks_a_full_weight_server_which_version_it_holds(fake, checkpoint, tmp_path):
+    """A fresh vllm-reload server (scripts/inference.sh) holds the base, whatever current.json
+    names: vLLM reports weight_version "default" until a swap sets one. `--version 0` then
+    evaluates without reloading; the newest version is reloaded before it is evaluated
+    (it used to be evaluated on the base weights), and left there."""
+    import os
+
+    server, _chat = fake
+    data = tmp_path / "data"
+    (data / "models").mkdir(parents=True)
+    (data / "models" / "smollm2").symlink_to(checkpoint)
+    v2 = data / "weights" / "v2"
+    v2.mkdir(parents=True)
+    (v2 / "model.safetensors").write_bytes(b"stand-in: the fake server never reads it")
+    (data / "weights" / "current.json").write_text(json.dumps(
+        {"version": 2, "model": "policy"}))
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[paths]\ndata_dir = "{data}"\n[model]\ncheckpoint_name = "smollm2"\n'
+                   f'[[endpoints]]\nname = "fake"\nbase_url = "{server.base_url}"\n'
+                   '[endpoints.weight_swap]\ntype = "vllm-reload"\n'
+                   '[eval]\nprobe_seeds = 1\nprobe_variants = [{family = "arithmetic"}]\n'
+                   '[sandbox]\nslots = 2\nwarm_workers = 1\n')
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    runner = CliRunner()
+    server.state.calls.clear()
+    server.state.weight_version = "default"  # a fresh server: the base it started from
+    res = runner.invoke(app, ["eval", "-c", str(cfg), "--version", "0", "--suite", "probe",
+                              "--json"], env=env)
+    assert res.exit_code == 0, res.output
+    assert "reload_weights" not in server.state.calls and server.state.weight_version == "default"
+    res = runner.invoke(app, ["eval", "-c", str(cfg), "--version", "2", "--suite", "probe",
+                              "--json"], env=env)
+    assert res.exit_code == 0, res.output
+    assert server.state.calls.count("reload_weights") == 1  # v2 in, and no reload back
+    assert server.state.weights_path == str(v2.resolve()) and server.state.weight_version == "2"
+    # a version not published yet: a clear error, nothing reloaded
+    res = runner.invoke(app, ["eval", "-c", str(cfg), "--version", "3", "--suite", "probe"],
+                        env=env)
+    assert res.exit_code == 2 and "not published yet" in res.output
+    assert server.state.calls.count("reload_weights") == 1

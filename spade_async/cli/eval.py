@@ -48,6 +48,19 @@ def _reload_only(cfg: SpadeConfig) -> bool:
     return {e.weight_swap.type for e in cfg.endpoints} - {"none"} == {"vllm-reload"}
 
 
+def _held_version(reported: str | None, newest: int) -> int:
+    """The version a vllm-reload server holds, from the `weight_version` it reports: a number
+    once a swap set it; vLLM's initial "default" before any (a server started from the base
+    checkpoint, as `scripts/inference.sh` starts one: version 0); the newest published
+    version when the server does not say (no `/weight_info`), as the trainer left it."""
+    if reported is None:
+        return newest
+    try:
+        return int(reported)
+    except ValueError:
+        return 0
+
+
 def _daemon_running(cfg: SpadeConfig) -> bool:
     from spade_async.cli.status_read import read_status
 
@@ -103,7 +116,7 @@ def evaluate(
     OpenAI-compatible server) on held-out suites (their own checkers); results are stored per
     version under <data_dir>/eval/ and plotted by `spade report`. --compare-to N: the paired
     difference to version N, task by task (the probe plays the same tasks on every version)."""
-    from spade_async.core.config import ConfigError, checkpoint_dir
+    from spade_async.core.config import ConfigError, VllmReloadSwap, checkpoint_dir
     from spade_async.core.policy import PolicyVersion, current_path
     from spade_async.evals import SUITES
     from spade_async.evals.base import model_for_version
@@ -144,14 +157,18 @@ def evaluate(
     check_endpoint_secrets(cfg)
     route = role_route(cfg, "eval")
     # A full-weight server holds one version: another one is reloaded for the evaluation (and
-    # the newest put back after), which only a stopped loop may see.
-    reload = route.model is None and _reload_only(cfg) and v != current.version
-    if reload and _daemon_running(cfg):
+    # the newest put back after), which only a stopped loop may see. Which one it holds is
+    # asked of the server below (a fresh one holds the base, whatever current.json says).
+    full_weights = route.model is None and _reload_only(cfg)
+    if full_weights and v != current.version and _daemon_running(cfg):
         raise fail(f"--version {version}: the servers hold v{current.version} and reload full "
                    "weights; evaluating another version means reloading it, and the running "
                    "daemon would sample from it: stop the loop first", 2)
+    if full_weights and v > current.version:
+        raise fail(f"--version {version}: version {v} is not published yet (newest: "
+                   f"{current.version})", 2)
     try:
-        served = cfg.model.served_name if reload else (
+        served = cfg.model.served_name if full_weights else (
             route.model or model_for_version(cfg, v, (current.version, current.model)))
     except ValueError as exc:
         raise fail(f"--version {version}: {exc}", 2) from None
@@ -175,10 +192,13 @@ def evaluate(
         chat = (await anyio.to_thread.run_sync(ChatTokens.from_pretrained, tokenizer)
                 if route.path == "tokens" or has_tokenizer else None)
         async with EndpointPool(cfg.endpoints, cfg.pool) as pool:
-            await pool.check()
+            health = await pool.check()
             check_roles(cfg, pool, ("eval",))
-            if route.model is None and not reload:
+            if route.model is None and not full_weights:
                 await _serve_published_adapter(cfg, pool, v, served, progress)
+            held = {_held_version(h.weight_version, current.version) for h in health
+                    if h.up and isinstance(pool.config(h.name).weight_swap, VllmReloadSwap)}
+            reload = full_weights and held != {v}
             if reload:
                 await _reload_version(cfg, pool, v, progress)
             progress(f"roles.eval: group {route.group}, {route.path} path, model {served}")
@@ -186,7 +206,7 @@ def evaluate(
                 return await evaluate_version(cfg, pool, chat, version=v, model=served,
                                               suites=names, limit=limit, progress=progress)
             finally:
-                if reload:  # the newest version back where the trainer left it
+                if reload and v != current.version:  # the newest back where the trainer left it
                     with anyio.CancelScope(shield=True):
                         await _reload_version(cfg, pool, current.version, progress)
 
