@@ -166,6 +166,78 @@ RED_TEAM = {
         max_turns=5), "not_exploitable", "constant"),
 }
 
+# Hints that give the answer in another form (issue 31): each is caught by the decoded-answer
+# policies (hint_decode.py), named in the reason. The secret is out of a probe's reach.
+_WORDS_FN = """
+UNITS = "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen seventeen eighteen nineteen".split()
+TENS = "_ _ twenty thirty forty fifty sixty seventy eighty ninety".split()
+
+def in_words(n):
+    out = []
+    if n >= 100:
+        out += [UNITS[n // 100], "hundred"]
+        n %= 100
+        if n:
+            out.append("and")
+    if n >= 20:
+        out.append(TENS[n // 10] + ("-" + UNITS[n % 10] if n % 10 else ""))
+    elif n or not out:
+        out.append(UNITS[n])
+    return " ".join(out)
+
+def roman(n):
+    out = ""
+    for v, s in ((1000, "M"), (900, "CM"), (500, "D"), (400, "CD"), (100, "C"), (90, "XC"),
+                 (50, "L"), (40, "XL"), (10, "X"), (9, "IX"), (5, "V"), (4, "IV"), (1, "I")):
+        while n >= v:
+            out += s
+            n -= v
+    return out
+"""
+_SECRET = ("self.n = self.rng.randint(100, 999)\n"
+           "return 'Name the secret number (100 to 999). Reply ANSWER: <n>.', {}")
+_CHECK = ("m = re.findall(r'-?\\d+', action)\n"
+          "ok = bool(m) and int(m[-1]) == self.n\n"
+          "return ('Correct' if ok else 'Wrong'), float(ok), True, False, {}")
+_WORD_SECRET = ("self.word = self.rng.choice(WORDS) + self.rng.choice(WORDS)\n"
+                "return 'Say the passphrase.', {}")
+_WORD_CHECK = ("ok = action.strip().lower().split(':')[-1].strip() == self.word\n"
+               "return ('Welcome' if ok else 'Denied'), float(ok), True, False, {}")
+FORM_SHIFTED = {
+    "hint_spells_the_number": env("spelled", _SECRET, _CHECK,
+                                  "return 'The secret is ' + in_words(self.n) + '.'",
+                                  "return [f'ANSWER: {self.n}']", extra=_WORDS_FN),
+    "hint_spells_the_digits": env("digits_spelled", _SECRET, _CHECK,
+                                  "return 'Digit by digit: ' + ' '.join(UNITS[int(d)] for d in "
+                                  "str(self.n))", extra=_WORDS_FN),
+    "hint_reverses_the_number": env("reversed", _SECRET, _CHECK,
+                                    "return f'Read it backwards: {str(self.n)[::-1]}'",
+                                    "return [f'ANSWER: {self.n}']"),
+    "hint_splits_the_number": env("split", _SECRET, _CHECK,
+                                  "return 'Its digits in order: ' + ', '.join(str(self.n))"),
+    "hint_leaves_the_arithmetic": env("arith", _SECRET, _CHECK,
+                                      "k = self.rng.randint(3, 40)\n"
+                                      "return f'The answer is {k} less than {self.n + k}.'",
+                                      "return [f'ANSWER: {self.n}']"),
+    "hint_halves": env("halves", _SECRET, _CHECK, "return f'It is half of {2 * self.n}.'"),
+    "hint_in_hexadecimal": env("hexa", _SECRET, _CHECK,
+                               "return f'In hexadecimal it is {hex(self.n)}.'",
+                               "return [f'ANSWER: {self.n}']"),
+    "hint_in_roman_numerals": env("roman", _SECRET, _CHECK,
+                                  "return 'In Roman numerals: ' + roman(self.n)",
+                                  extra=_WORDS_FN),
+    "hint_reverses_the_passphrase": env("pass_reversed", _WORD_SECRET, _WORD_CHECK,
+                                        "return f'The passphrase, reversed: {self.word[::-1]}'"),
+    "hint_spells_the_passphrase": env("pass_spelled", _WORD_SECRET, _WORD_CHECK,
+                                      "return 'Spell it: ' + '-'.join(self.word)"),
+    "hint_splits_the_passphrase": env("pass_split", _WORD_SECRET, _WORD_CHECK,
+                                      "h = len(self.word) // 2\n"
+                                      "return f\"It starts '{self.word[:h]}' and ends "
+                                      "'{self.word[h:]}'\""),
+}
+RED_TEAM |= {name: (code, "hint_leak", "the hint decoded") for name, code in
+             FORM_SHIFTED.items()}
+
 HONEST = {
     # a range, told with exclusive ends, in a space the range does not exhaust
     "range": env(
@@ -214,6 +286,22 @@ HONEST = {
         "return ('Correct' if ok else 'Wrong'), float(ok), True, False, {}",
         "return f'Split {self.b} into tens and ones, multiply {self.a} by each, add the two.'",
         "return [str(self.a * self.b)]"),
+    # bounds on both sides: the hint's numbers are new, but no arithmetic of them is the answer
+    "bounds": env(
+        "bounds",
+        "self.n = self.rng.randint(100, 999)\n"
+        "self.lo, self.hi = self.n - self.rng.randint(2, 40), self.n + self.rng.randint(2, 40)\n"
+        "return 'Guess the number from 1 to 1000; I say higher or lower.', {}",
+        "m = re.findall(r'-?\\d+', action)\n"
+        "if not m:\n"
+        "    return 'A number, please.', 0.0, False, False, {}\n"
+        "g = int(m[-1])\n"
+        "if g == self.n:\n"
+        "    return 'Yes!', 1.0, True, False, {}\n"
+        "return ('higher' if g < self.n else 'lower'), 0.0, False, False, {}",
+        "s = sum(map(int, str(self.n)))\n"
+        "return f'It is more than {self.lo} and less than {self.hi}; its digits add up to {s}.'",
+        "return [f'GUESS: {self.n}']", max_turns=10),
 }
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -62,10 +64,15 @@ def env_validate(
     config: Path = ConfigOpt,
     as_json: bool = JsonOpt,
     params_json: str | None = ParamsOpt,
+    model_check: bool = typer.Option(True, "--model-check/--no-model-check",
+                                     help="read the hint with the policy model on the "
+                                     "config's agent endpoints (hint_reader), where one "
+                                     "answers; otherwise that check is reported as not run"),
 ) -> None:
     """Run the validation pipeline; exit 0 when every file is accepted, 1 if any is rejected.
     An environment with knobs is checked at its defaults and every knob's extremes; with
-    --params, only at those values (a value that does not fit fails static.params)."""
+    --params, only at those values (a value that does not fit fails static.params). The
+    model check of the hint runs where an agent endpoint of the config answers."""
     from spade_async.envs.validate import validate
     from spade_async.sandbox.isolation import SandboxUnavailable
     from spade_async.sandbox.runtime import Sandbox
@@ -76,8 +83,9 @@ def env_validate(
     sb_cfg = cfg.sandbox.model_copy(update={"warm_workers": min(cfg.sandbox.warm_workers, 2)})
 
     async def run_all():
-        async with Sandbox(sb_cfg) as sb:
-            return [(f, await validate(code, sb, cfg.validation, params=params))
+        async with Sandbox(sb_cfg) as sb, _hint_reader(cfg, model_check) as (reader, why):
+            return [(f, await validate(code, sb, cfg.validation, params=params, reader=reader,
+                                       no_reader=why))
                     for f, code in codes]
 
     try:
@@ -105,6 +113,33 @@ def env_validate(
                 typer.echo(line)
     if not all(r.accepted for _, r in reports):
         raise typer.Exit(1)
+
+
+@asynccontextmanager
+async def _hint_reader(cfg: SpadeConfig, wanted: bool) -> AsyncIterator[tuple[Any, str]]:
+    """(the hint reader on the config's agent endpoints, or None, and why not)."""
+    from spade_async.envs.hint_reader import HintReader
+    from spade_async.inference.errors import EndpointError
+    from spade_async.inference.pool import EndpointPool
+    from spade_async.inference.roles import role_route
+
+    if not wanted:
+        yield None, "--no-model-check"
+        return
+    route = role_route(cfg, "agent")
+    try:
+        pool = EndpointPool(cfg.endpoints, cfg.pool)
+    except EndpointError as exc:
+        yield None, f"no endpoint to ask ({exc})"
+        return
+    async with pool:
+        health = [h for h in await pool.check(capabilities=False) if h.group == route.group]
+        if not any(h.up for h in health):
+            tried = ", ".join(f"{h.name} at {h.base_url}: {h.error or 'down'}" for h in health)
+            yield None, f"no endpoint of group {route.group} answered ({tried or 'none'})"
+            return
+        yield HintReader(pool, cfg.model.served_name, route.group,
+                         deadline_s=cfg.rollout.request_deadline_s), ""
 
 
 @env_app.command("play")

@@ -6,12 +6,14 @@ module derives from the hint text alone, with no reasoning: the hint itself; eac
 quoted string and short word n-gram in it, alone and in the answer format the environment's
 `solution()` uses (its prefix, as in 'ANSWER: ' or 'GUESS: '); and the sequences read off the
 hint in order (its numbers, its list items, its tool calls), one per turn, for multi-turn play.
-Where `solution()` exists, each of its actions found in the hint is a policy too. A hint that
+Where `solution()` exists, each of its actions found in the hint is a policy too. The answers
+the hint gives in another form (spelled out, reversed, in pieces, as arithmetic still to do, in
+another notation: `hint_decode.py`) are policies too, alone and in the answer format. A hint that
 only narrows the search (a range, a parity, the first letter, a method) yields no policy that
 solves the task on most seeds, so it passes; one that gives the task away does not.
 
 `play_leak` is the same idea at play time: how much of a hinted episode's winning actions were
-copied from the hint.
+copied from the hint, verbatim or decoded.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
+
+from spade_async.envs.hint_decode import decoded_answers
 
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 _QUOTED = re.compile(r"'([^'\n]{1,80})'|\"([^\"\n]{1,80})\"|`([^`\n]{1,80})`")
@@ -28,7 +32,8 @@ _SEPARATORS = re.compile(r"\s*(?:,|;|\n|->|=>|→|\bthen\b|\band then\b)\s*", re
 _PREFIX = re.compile(r"^\s*([A-Za-z][A-Za-z _-]{0,20}:)\s*")
 
 MAX_NGRAM = 3
-MAX_POLICIES = 48  # per seed: bounds validation time whatever the hint's length
+MAX_POLICIES = 64  # per seed: bounds validation time whatever the hint's length
+MAX_DECODED = 12  # decoded answers played (each alone and in every answer format)
 
 
 @dataclass(frozen=True)
@@ -97,8 +102,10 @@ def _tool_calls(hint: str) -> list[str]:
 
 
 def leak_policies(hint: str, solution: list[str] | None = None,
-                  limit: int = MAX_POLICIES) -> list[LeakPolicy]:
-    """The policies of the module docstring, most specific first, at most `limit`."""
+                  limit: int = MAX_POLICIES, observation: str = "") -> list[LeakPolicy]:
+    """The policies of the module docstring, most specific first, at most `limit`.
+    `observation` (the episode's first) keeps arithmetic on the task's own numbers out of the
+    decoded answers: a hint that restates the operands with a method is not a leak."""
     prefixes = answer_prefixes(solution)
     out: list[LeakPolicy] = []
     seen: set[tuple[tuple[str, ...], bool]] = set()
@@ -138,6 +145,12 @@ def leak_policies(hint: str, solution: list[str] | None = None,
         add(f"the quoted string {q!r} in the hint", [q])
     for n in dict.fromkeys(numbers):
         add(f"the number {n} in the hint", [n])
+    decoded = decoded_answers(hint, observation)
+    if solution:  # a decoded answer that is a solution action goes first
+        wanted = {normalise(_payload(a)) for a in solution}
+        decoded.sort(key=lambda d: normalise(d[1]) not in wanted)
+    for what, value in decoded[:MAX_DECODED]:
+        add(f"the hint decoded ({what})", [value])
     items = [s for s in _SEPARATORS.split(hint) if s.strip()]
     if len(numbers) > 1:
         add("the hint's numbers in order", numbers, repeat=False)
@@ -157,13 +170,15 @@ def leak_policies(hint: str, solution: list[str] | None = None,
     return out[:limit]
 
 
-def play_leak(hint: str, actions: list[str]) -> float:
-    """The share of an episode's actions found verbatim (normalised, as a whole) in the hint:
-    1.0 when every action the agent sent was copied from the hint. Empty actions are left out;
-    an episode without actions scores 0."""
+def play_leak(hint: str, actions: list[str], observation: str = "") -> float:
+    """The share of an episode's actions found in the hint, verbatim (normalised, as a whole)
+    or as an answer the hint gives in another form (`decoded_answers`, with the episode's
+    first `observation`): 1.0 when every action the agent sent was copied from the hint.
+    Empty actions are left out; an episode without actions scores 0."""
     norm_hint = f" {normalise(hint)} "
     counted = [normalise(_payload(a)) for a in actions]
     counted = [a for a in counted if a]
     if not counted:
         return 0.0
-    return sum(f" {a} " in norm_hint for a in counted) / len(counted)
+    decoded = {normalise(v) for _, v in decoded_answers(hint, observation)}
+    return sum(f" {a} " in norm_hint or a in decoded for a in counted) / len(counted)

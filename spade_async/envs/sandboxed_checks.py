@@ -45,10 +45,11 @@ async def _hint_leak(env: EnvSession, meta: EnvMeta, point: dict[str, Any],
     """DESIGN §3b: play the policies `leak_policies` reads off the hint (hint_leak.py)."""
 
     async def solved_by(seed: int, hint_seed: int) -> str | None:
-        await env.reset(hint_seed, point)
+        first = await env.reset(hint_seed, point)
         hint = await env.hint()
         sol = await env.solution() if meta.has_solution else None
-        for policy in leak_policies(hint, sol):
+        # the hint's own task's observation: arithmetic on its numbers is a method, not a leak
+        for policy in leak_policies(hint, sol, observation=first.observation):
             score, _, _ = await _play(env, seed, point, policy.plan(meta.max_turns),
                                       meta.max_turns)
             if score >= 1.0 - 1e-9:

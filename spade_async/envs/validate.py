@@ -4,7 +4,10 @@ human-readable reason. It judges code; it never runs it outside the sandbox.
 Order: static (parse, size, imports, names, class shape, params schema) -> load -> determinism ->
 hint -> probe policies (types and ranges, not trivially exploitable; an episode a probe does not
 end is truncated at max_turns, as in play) -> hint leak (policies read off the hint must not
-solve the task: hint_leak.py) -> solution replay. A check that cannot run because an earlier one failed is reported as skipped.
+solve the task: hint_leak.py) -> solution replay -> the model check of the hint (a model asked
+for the answer with the hint and without: hint_reader.py; only once every other check passed,
+and reported as not run where no endpoint answers). A check that cannot run because an earlier
+one failed is reported as skipped.
 
 An environment with difficulty knobs (`params`) runs the sandboxed checks at every point of
 `extreme_points` (the defaults, then each knob at its ends), or only at a proposed variant's
@@ -15,10 +18,13 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 from typing import Any
 
 from spade_async.core.config import SandboxConfig, ValidationConfig
 from spade_async.envs.contract import ContractError, EnvMeta
+from spade_async.envs.hint_reader import NAME as READER_CHECK
+from spade_async.envs.hint_reader import HintReader, not_run, reader_check
 from spade_async.envs.knobs import extreme_points, resolve_params
 from spade_async.envs.sandboxed_checks import check_point
 from spade_async.envs.static_checks import static_checks, variant_reason
@@ -29,17 +35,21 @@ from spade_async.sandbox.runtime import Sandbox
 
 async def validate(code: str, sandbox: Sandbox, vcfg: ValidationConfig | None = None,
                    scfg: SandboxConfig | None = None, *,
-                   params: dict[str, Any] | None = None) -> ValidationReport:
+                   params: dict[str, Any] | None = None, reader: HintReader | None = None,
+                   no_reader: str = "no endpoint to ask") -> ValidationReport:
     """Validate `code`. Without `params`, an environment with knobs is checked at every point
     of `extreme_points` (all seeds at the defaults, `vcfg.extreme_seeds` of them at the other
     points); with `params` (a variant an edit proposed), only there, after the defaults are
-    filled in. A variant that does not fit the knobs fails `static.params`; nothing raises."""
+    filled in. A variant that does not fit the knobs fails `static.params`; nothing raises.
+    `reader` runs the model check of the hint at the first point once every other check has
+    passed; without one it is reported as not run, saying why (`no_reader`)."""
     vcfg = vcfg or ValidationConfig()
     scfg = scfg or sandbox.cfg
     t0 = time.perf_counter()
     checks = static_checks(code, scfg.max_code_bytes, params)
     if any(c.passed is False for c in checks):
-        checks += [Check(n, None, "static checks failed") for n in SANDBOXED_CHECKS]
+        checks += [Check(n, None, "static checks failed")
+                   for n in SANDBOXED_CHECKS + (READER_CHECK,)]
         return ValidationReport(False, tuple(checks), seconds=time.perf_counter() - t0)
 
     meta: EnvMeta | None = None
@@ -86,6 +96,17 @@ async def validate(code: str, sandbox: Sandbox, vcfg: ValidationConfig | None = 
     checks += [results[n] for n in SANDBOXED_CHECKS]
     accepted = all(c.passed is not False for c in checks) and all(
         results[n].passed is True for n in SANDBOXED_CHECKS)
+    if not accepted:
+        model = Check(READER_CHECK, None, "not run: an earlier check failed")
+    elif reader is None or not vcfg.reader:
+        model = not_run(no_reader if vcfg.reader else "validation.reader is off")
+    else:
+        assert meta is not None
+        reader = replace(reader, max_tokens=vcfg.reader_tokens, max_turns=vcfg.reader_turns)
+        model = await reader_check(sandbox, code, meta, reader, list(vcfg.seeds),
+                                   vcfg.reader_threshold, ran[0] if meta.params else None)
+        accepted = model.passed is not False
+    checks.append(model)
     return ValidationReport(accepted, tuple(checks), meta, time.perf_counter() - t0, probe_scores,
                             tuple(ran))
 

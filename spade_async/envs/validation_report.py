@@ -13,7 +13,8 @@ STATIC_CHECKS = ("static.size", "static.parse", "static.imports", "static.names"
                  "static.class", "static.params")
 SANDBOXED_CHECKS = ("load", "determinism", "hint", "types", "not_exploitable", "hint_leak",
                     "solution")
-ALL_CHECKS = STATIC_CHECKS + SANDBOXED_CHECKS
+MODEL_CHECKS = ("hint_reader",)  # not run (skipped) where no endpoint answers: no verdict
+ALL_CHECKS = STATIC_CHECKS + SANDBOXED_CHECKS + MODEL_CHECKS
 
 
 @dataclass(frozen=True)
@@ -38,7 +39,9 @@ class ValidationReport:
         """Share of the whole pipeline's checks passed, plus a failed check's partial credit:
         the dense signal behind `regret.invalid_partial_credit`. The denominator is every check
         there is, so failing early always scores below failing late."""
-        passed = sum(c.passed is True for c in self.checks)
+        failed = bool(self.failures)  # a model check not run holds no verdict against
+        passed = sum(c.passed is True or (c.passed is None and c.name in MODEL_CHECKS
+                                          and not failed) for c in self.checks)
         credit = sum(c.credit for c in self.checks if c.passed is False)
         return min(1.0, (passed + credit) / len(ALL_CHECKS))
 

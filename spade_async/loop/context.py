@@ -19,6 +19,7 @@ from spade_async.core.logs import get_logger
 from spade_async.core.policy import PolicyVersion, current_path
 from spade_async.core.spool.base import BatchSpool
 from spade_async.envs.contract import EnvMeta, ParamSpec
+from spade_async.envs.hint_reader import HintReader
 from spade_async.envs.validate import validate
 from spade_async.envs.validation_report import ValidationReport
 from spade_async.inference.chat_tokens import ChatTokens
@@ -111,15 +112,22 @@ class LoopContext:
                             self.usage, role)
 
     async def validate(self, code: str, params: dict[str, Any] | None = None,
-                       **context: Any) -> ValidationReport:
+                       read_hint: bool = False, **context: Any) -> ValidationReport:
         """The validation pipeline (at `params` only, for an edit's variant); a sandbox
         worker that did not start is the host's fault, not the design's, and is tried again
-        (`daemon.item_attempts`)."""
+        (`daemon.item_attempts`). `read_hint`: a new design's hint is also read by the policy
+        model (hint_reader.py); an edit's variant shares the code its environment was
+        accepted with, and the built-in seeds are trusted."""
         self.in_flight["validations"] += 1
+        reader = HintReader(self.pool_for(None, "agent"), self.policy.model,
+                            self.routes["agent"].group,
+                            deadline_s=self.cfg.rollout.request_deadline_s) if read_hint else None
+        why = "an edit's variant: its environment's hint was read when it was accepted" \
+            if params is not None else "a built-in seed environment"
         try:
             return await self.failures.retrying(
                 "validation", lambda: validate(code, self.sandbox, self.cfg.validation,
-                                               params=params),
+                                               params=params, reader=reader, no_reader=why),
                 attempts=self.cfg.daemon.item_attempts, **context)
         finally:
             self.in_flight["validations"] -= 1

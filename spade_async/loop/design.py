@@ -164,7 +164,7 @@ class Documents:
         t0 = time.monotonic()
         try:
             report = None if d.code is None else await ctx.validate(
-                d.code, chunk=chunk.chunk_id, design_id=d.design_id)
+                d.code, read_hint=True, chunk=chunk.chunk_id, design_id=d.design_id)
             status, env_id, reason = await ctx.memory_op(
                 lambda: ctx.memory.add_design(
                     d.code, report, doc_id=chunk.doc_id, chunk_id=chunk.chunk_id,

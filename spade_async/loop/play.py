@@ -22,7 +22,7 @@ from spade_async.loop.context import OUTAGE, LoopContext
 from spade_async.loop.failures import GaveUp, failure_kind
 from spade_async.loop.jobs import PlayJob
 from spade_async.loop.sources import TrainerPace
-from spade_async.reward.regret import env_regret, group_advantages
+from spade_async.reward.regret import env_regret, group_advantages, unreached_wins
 from spade_async.rollout.episode import Episode, play_in_sandbox
 from spade_async.sandbox.errors import SandboxError
 
@@ -114,14 +114,24 @@ class Player:
                 tg.start_soon(one, True, s)
         samples = self._agent_samples(results)
         scored = {h: [e.score for e in eps if e.error is None] for h, eps in results.items()}
-        copies = [e.hint_copy or 0.0 for e in results[True] if e.error is None]
+        hinted_eps = [e for e in results[True] if e.error is None]
+        copies = [e.hint_copy or 0.0 for e in hinted_eps]
+        reason = f"copied: {sum(c > 0 for c in copies)} hinted wins copied the hint, " \
+            "verbatim or decoded" if any(copies) else ""
+        if scored[False] and hinted_eps:
+            beyond, why = unreached_wins(scored[False], [(e.score, [t.action for t in e.turns])
+                                                         for e in hinted_eps], ctx.cfg.regret)
+            if why:
+                copies = [max(c, b) for c, b in zip(copies, beyond, strict=True)]
+                reason = "; ".join(r for r in (reason, why) if r)
         # episodes the environment's own code failed (not the host's: sandbox_start) are
         # counted against it in the memory, never scored
         env_failed = sum(1 for eps in results.values() for e in eps
                          if e.error and (e.error_kind or "").startswith("sandbox_")
                          and e.error_kind != "sandbox_start")
         if scored[False] and scored[True]:
-            await self._score(job, scored[False], scored[True], version, copies, env_failed)
+            await self._score(job, scored[False], scored[True], version, copies, env_failed,
+                              reason)
         else:
             await self._unscored(job, results, scored, env_failed)
         if job.group is not None:
@@ -152,16 +162,17 @@ class Player:
 
     async def _score(self, job: PlayJob, unhinted: list[float], hinted: list[float],
                      version: int, hint_copies: list[float] | None = None,
-                     sandbox_failures: int = 0) -> None:
+                     sandbox_failures: int = 0, leak_reason: str = "") -> None:
         """The play's regret and both signals; hinted wins copied from the hint discount the
         designer's reward and, past regret.leak_threshold, flag the environment (counted,
         logged, and kept per variant in the memory as hint_leak)."""
         ctx = self.ctx
-        regret = env_regret(unhinted, hinted, ctx.cfg.regret, hint_copies)
+        regret = env_regret(unhinted, hinted, ctx.cfg.regret, hint_copies, leak_reason)
         if regret.leak_flagged:
             ctx.counters["plays_leak_flagged"] += 1
             log.warning("hint_leak_in_play", env_id=job.env_id,
-                        hint_leak=round(regret.hint_leak, 3), move=job.move)
+                        hint_leak=round(regret.hint_leak, 3), move=job.move,
+                        reason=regret.leak_reason)
         ctx.regrets.append(regret.regret)
         ctx.metrics.regret.observe(regret.regret)
         if job.group is not None:

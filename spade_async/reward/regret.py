@@ -36,6 +36,7 @@ class EnvRegret:
     # designer_reward is already discounted by (1 - hint_leak)
     hint_leak: float = 0.0
     leak_flagged: bool = False  # hint_leak >= RegretConfig.leak_threshold
+    leak_reason: str = ""  # how hinted play was judged to copy the hint ("" when it was not)
 
     def as_dict(self) -> dict[str, float | bool]:
         return dict(self.__dict__)
@@ -48,7 +49,7 @@ def _mean(xs: list[float]) -> float:
 
 
 def env_regret(unhinted: list[float], hinted: list[float], cfg: RegretConfig,
-               hint_copies: list[float] | None = None) -> EnvRegret:
+               hint_copies: list[float] | None = None, leak_reason: str = "") -> EnvRegret:
     """Both targeting signals, whichever pays: the hint gap (regret, gated by feasibility) and
     learnability p(1 - p), scaled by 4 into [0, 1] when it is the reward so the two compare.
     `hint_copies` (one per hinted episode, Episode.hint_copy): how far hinted play won by
@@ -66,7 +67,31 @@ def env_regret(unhinted: list[float], hinted: list[float], cfg: RegretConfig,
     if not 0.0 <= leak <= 1.0:
         raise ValueError(f"hint copy scores must lie in [0, 1], got mean {leak}")
     return EnvRegret(r_u, r_h, regret, feasible, reward * (1.0 - leak), learnability,
-                     cfg.signal, leak, leak >= cfg.leak_threshold)
+                     cfg.signal, leak, leak >= cfg.leak_threshold, leak_reason if leak else "")
+
+
+def unreached_wins(unhinted: list[float], hinted: list[tuple[float, list[str]]],
+                   cfg: RegretConfig) -> tuple[list[float], str]:
+    """Hinted wins out of the unhinted group's reach (DESIGN §6, play-time leaks beyond
+    verbatim copies): when no unhinted episode solved the task and at least
+    `cfg.unreached_min_hinted` of the hinted ones did, each hinted win whose every reply has
+    at most `cfg.unreached_bare_words` words (an answer, no reasoning) scores 1 as a copy, else
+    0. `hinted`: (score, actions) per hinted episode. Returns the scores, in order, and the
+    reason ("" when none is flagged)."""
+    none = [0.0] * len(hinted)
+    words = cfg.unreached_bare_words
+    if not words or not hinted or not unhinted or any(s >= 1.0 for s in unhinted):
+        return none, ""
+    wins = [s >= 1.0 for s, _ in hinted]
+    if sum(wins) / len(hinted) < cfg.unreached_min_hinted:
+        return none, ""
+    bare = [float(won and bool(actions) and all(len(a.split()) <= words for a in actions))
+            for won, (_, actions) in zip(wins, hinted, strict=True)]
+    if not any(bare):
+        return none, ""
+    return bare, (f"unreached: {sum(wins)} of {len(hinted)} hinted episodes solved it, "
+                  f"{int(sum(bare))} with bare replies (<= {words} words each), against 0 of "
+                  f"{len(unhinted)} unhinted")
 
 
 def design_reward(status: DesignStatus, regret: EnvRegret | None, cfg: RegretConfig,

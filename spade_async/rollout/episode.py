@@ -299,7 +299,7 @@ def _finish(ep: Episode, rewards: list[float], hint: str | None, timed_out: bool
     ep.score = episode_score(rewards)
     if hint is not None:
         ep.hint = hint
-        ep.hint_copy = (play_leak(hint, [t.action for t in ep.turns])
+        ep.hint_copy = (play_leak(hint, [t.action for t in ep.turns], ep.first_observation)
                         if ep.score >= 1.0 - 1e-9 else 0.0)
     if timed_out:
         ep.error = f"the episode exceeded its {cfg.episode_deadline_s:g}s deadline"

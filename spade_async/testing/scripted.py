@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import re
 
+from spade_async.envs.hint_reader import ASK
 from spade_async.inference.chat_tokens import ChatTokens
 
 ENV_CODE = '''import random
@@ -15,34 +16,35 @@ ENV_CODE = '''import random
 
 class Environment:
     name = "countdown"
-    description = "Reply with the number you are shown, each turn."
+    description = "Reply with the number just below the one you are shown, each turn."
     max_turns = 3
 
     def reset(self, seed):
         self.n = random.Random(seed).randint(5, 9)
         self.good = 0
         self.turn = 0
-        return f"say {self.n}", {}
+        return f"below {self.n}", {}
 
     def step(self, action):
         self.turn += 1
-        self.good += action.strip() == str(self.n)
+        self.good += action.strip() == str(self.n - 1)
         self.n -= 1
         done = self.turn == 3
         reward = 1.0 if done and self.good == 3 else 0.0
-        return ("done" if done else f"say {self.n}"), reward, done, False, {}
+        return ("done" if done else f"below {self.n}"), reward, done, False, {}
 
     def hint(self):
-        return "repeat the number"
+        return "count down by one"
 
     def solution(self):
-        return [str(self.n - i) for i in range(3)]
+        return [str(self.n - 1 - i) for i in range(3)]
 '''
 
 
 class Script:
     """Designer: the first reply for a document is the known environment, later ones are
-    unusable. Agent: correct answers only when the privileged hint is in its prompt.
+    unusable. Agent: correct answers only when the privileged hint is in its prompt (and
+    not when asked for a bare answer, as validation's hint reader asks).
     `per_document`: count designs per document excerpt (and name each env after it)."""
 
     def __init__(self, chat: ChatTokens, per_document: bool = False,
@@ -66,12 +68,13 @@ class Script:
             if text.endswith("```python\n"):  # the designer opened the block (prefill)
                 reply = reply.removeprefix("```python\n")
         else:
-            numbers = re.findall(r"say (\d+)", text)
+            numbers = [str(int(n) - 1) for n in re.findall(r"below (\d+)", text)]
             # the arithmetic seed family: "What is 12 + 80? ..."
             sums = re.findall(r"What is (\d+(?: [-+*] \d+)+)\?", text)
             if sums:
                 numbers = re.findall(r"\d+", sums[0])
-            solves = "Privileged hint" in text or (
+            # the hint helps a reply with room to reason, not the hint reader's bare answer
+            solves = "Privileged hint" in text and ASK not in text or (
                 self.unhinted_solves_even and bool(numbers) and int(numbers[0]) % 2 == 0)
             answer = (str(_arithmetic(sums[-1])) if sums else numbers[-1]) if numbers else "0"
             reply = answer if solves else "0"

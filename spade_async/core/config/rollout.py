@@ -56,3 +56,11 @@ class RegretConfig(Strict):
                                   "by copying the hint this often (hint_leak) flags its "
                                   "environment; the designer's reward is discounted by "
                                   "(1 - hint_leak) in any case")
+    unreached_bare_words: int = Field(
+        4, ge=0, description="play-time leak beyond copies: when no unhinted episode of a play "
+        "solved it and at least `unreached_min_hinted` of the hinted ones did, a hinted win "
+        "whose every reply is this many words or fewer (an answer with no reasoning, out of "
+        "the unhinted group's reach) counts as a copy of the hint, with its reason recorded "
+        "(`leak_reason`). 0: off")
+    unreached_min_hinted: float = Field(1.0, gt=0, le=1, description="the hinted solve rate "
+                                        "from which bare hinted wins count as copies (above)")

@@ -45,3 +45,13 @@ class ValidationConfig(Strict):
     exploit_threshold: float = Field(0.5, gt=0, le=1, description="a probe policy scoring this "
                                      "much means the environment is trivially exploitable")
     solution_score: float = Field(1.0, gt=0, le=1, description="score the solution must reach")
+    reader: bool = Field(True, description="the model check of the hint (hint_reader): once "
+                         "the cheap checks pass, the policy model is asked for the answer with "
+                         "the hint and without, at a few tokens a reply; a hint that lifts its "
+                         "solve rate by `reader_threshold` gives the answer away. Run on new "
+                         "designs (an edit's variant shares its environment's hint code)")
+    reader_tokens: int = Field(24, ge=1, le=512, description="tokens a hint-reader reply may "
+                               "use: an answer, no room to reason")
+    reader_turns: int = Field(3, ge=1, description="turns the hint reader plays at most")
+    reader_threshold: float = Field(0.5, gt=0, le=1, description="hinted minus unhinted solve "
+                                    "rate of the hint reader that rejects the hint as a leak")
