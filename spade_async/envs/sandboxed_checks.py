@@ -6,13 +6,14 @@ played through an open EnvSession.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from spade_async.core.config import ValidationConfig
 from spade_async.envs.contract import EnvMeta, episode_score
 from spade_async.envs.hint_leak import leak_policies
-from spade_async.envs.probe_policies import probe_policies, short_action
+from spade_async.envs.probe_policies import echo_policies, probe_policies, short_action
 from spade_async.envs.validation_report import Check
 from spade_async.sandbox.session import EnvSession
 
@@ -67,19 +68,27 @@ async def _hint_leak(env: EnvSession, meta: EnvMeta, point: dict[str, Any],
     return LeakResult(own / len(seeds), control / len(seeds), example)
 
 
-async def _play(env: EnvSession, seed: int, params: dict[str, Any], actions: list[str] | str,
+Policy = list[str] | str | Callable[[str], str]
+
+
+async def _play(env: EnvSession, seed: int, params: dict[str, Any], policy: Policy,
                 max_turns: int) -> tuple[float, bool, int]:
-    """Reset, then play `actions` (or repeat one action) until done; (score, ended, turns)."""
-    await env.reset(seed, params)
+    """Reset, then play `policy` until done: a list of actions in order, one action repeated,
+    or a function of the observation the agent sees (the reset's, then the last step's), as
+    the observation echoes are; (score, ended, turns)."""
+    obs = (await env.reset(seed, params)).observation
     rewards: list[float] = []
     ended = False
     turns = 0
-    seq = [actions] * max_turns if isinstance(actions, str) else list(actions)
-    for action in seq:
-        res = await env.step(action)
+    if isinstance(policy, str):
+        policy = [policy] * max_turns
+    limit = max_turns if callable(policy) else len(policy)
+    while turns < limit:
+        res = await env.step(policy(obs) if callable(policy) else policy[turns])
         json.dumps(res.info)  # already checked, but a probe must see JSON-safe info
         rewards.append(res.reward)
         turns += 1
+        obs = res.observation
         if res.done:
             ended = True
             break
@@ -88,9 +97,10 @@ async def _play(env: EnvSession, seed: int, params: dict[str, Any], actions: lis
 
 async def check_point(env: EnvSession, meta: EnvMeta, point: dict[str, Any], seeds: list[int],
                        vcfg: ValidationConfig, results: dict[str, Check],
-                       probe_scores: dict[str, float]) -> None:
+                       probe_scores: dict[str, float], echo: bool = True) -> None:
     """The sandboxed checks at one knob setting, recorded into `results` as they finish; a
-    SandboxError propagates with the earlier checks recorded (the caller fails the next one)."""
+    SandboxError propagates with the earlier checks recorded (the caller fails the next one).
+    `echo`: play the observation echoes too (at the defaults only: see below)."""
 
     def record(name: str, passed: bool, reason: str = "") -> None:
         results[name] = Check(name, passed, reason)
@@ -125,7 +135,7 @@ async def check_point(env: EnvSession, meta: EnvMeta, point: dict[str, Any], see
     if meta.has_solution:
         await env.reset(seeds[0], point)
         solution = await env.solution()
-    exploit: list[tuple[str, str, float]] = []
+    exploit: list[tuple[str, str, str]] = []  # (the probe, what it sends, what it scores)
     for label, probe in probe_policies(meta, solution):
         worst = 0.0
         for seed in seeds:
@@ -133,11 +143,35 @@ async def check_point(env: EnvSession, meta: EnvMeta, point: dict[str, Any], see
             worst = max(worst, score)
         probe_scores[probe] = max(worst, probe_scores.get(probe, 0.0))
         if worst >= vcfg.exploit_threshold:
-            exploit.append((label, probe, worst))
+            exploit.append((label, f"action {short_action(probe)}, every turn", f"{worst:.2f}"))
+    # Observation echoes (keyed by label: their action varies) score the least over the seeds:
+    # a verifier that pays the echo pays it every time, while an honest task that shows its
+    # choices pays an echo of choice #k on the seeds whose answer is #k. With 7 positions echoed
+    # in a list of 10 choices, 3 seeds reject an honest task 97% of the time on the worst seed,
+    # 20% on the mean (2 seeds hit at one position), 0.7% on the least; of 50 choices, 36%, 0.8%,
+    # 0.006%. For the same reason they run only at the defaults (`echo`), never at a knob's
+    # easy end or an edit's variant: there an echo of each word of a 2-word list simply solves
+    # the task (an easy task, not a verifier that pays the echo, which is the code's and shows
+    # at the defaults). An echo is not played on after a seed it fails (its recorded score, the
+    # least over the seeds played, is then already below the threshold).
+    if echo:
+        firsts = [(await env.reset(seed, point)).observation for seed in seeds]
+        for echo in echo_policies(firsts, solution):
+            least = 1.0
+            for seed in seeds:
+                score, _, _ = await _play(env, seed, point, echo.action, meta.max_turns)
+                least = min(least, score)
+                if least < vcfg.exploit_threshold:
+                    break
+            probe_scores[echo.label] = max(least, probe_scores.get(echo.label, 0.0))
+            if least >= vcfg.exploit_threshold:
+                exploit.append((echo.label, "action read off each turn's observation, "
+                                f"{short_action(echo.action(firsts[0]))} on seed {seeds[0]}'s "
+                                "first turn", f"{least:.2f} on every seed"))
     record("types", True)
     record("not_exploitable", not exploit, "" if not exploit else
-           f"the probe {exploit[0][0]} (action {short_action(exploit[0][1])}, every turn) scores "
-           f"{exploit[0][2]:.2f} >= {vcfg.exploit_threshold} (the reward pays without solving)")
+           f"the probe {exploit[0][0]} ({exploit[0][1]}) scores {exploit[0][2]} >= "
+           f"{vcfg.exploit_threshold} (the reward pays without solving)")
     # the hint does not give the answer away
     leak = await _hint_leak(env, meta, point, seeds)
     record("hint_leak", leak.rate < vcfg.exploit_threshold, "" if leak.rate <

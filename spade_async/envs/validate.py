@@ -75,7 +75,8 @@ async def validate(code: str, sandbox: Sandbox, vcfg: ValidationConfig | None = 
                 per_point.append(found)
                 ran.append(point)
                 try:
-                    await check_point(env, meta, point, seeds, vcfg, found, probe_scores)
+                    await check_point(env, meta, point, seeds, vcfg, found, probe_scores,
+                                      echo=params is None and i == 0)
                 except SandboxError as exc:
                     _record_failure(found, exc)
                     break  # the worker may be dead: the remaining points are not run

@@ -12,6 +12,7 @@ from spade_async.envs.hint_reader import ASK
 from spade_async.inference.chat_tokens import ChatTokens
 
 ENV_CODE = '''import random
+import re
 
 
 class Environment:
@@ -27,7 +28,8 @@ class Environment:
 
     def step(self, action):
         self.turn += 1
-        self.good += action.strip() == str(self.n - 1)
+        said = re.findall(r"-?\\d+", action)
+        self.good += bool(said) and said[-1] == str(self.n - 1)
         self.n -= 1
         done = self.turn == 3
         reward = 1.0 if done and self.good == 3 else 0.0
@@ -77,7 +79,9 @@ class Script:
             solves = "Privileged hint" in text and ASK not in text or (
                 self.unhinted_solves_even and bool(numbers) and int(numbers[0]) % 2 == 0)
             answer = (str(_arithmetic(sums[-1])) if sums else numbers[-1]) if numbers else "0"
-            reply = answer if solves else "0"
+            # a solved reply shows its step (a bare hinted win that no unhinted episode reaches
+            # counts as a copy of the hint: regret.unreached_bare_words)
+            reply = f"one step more gives {answer}" if solves else "0"
         return self.chat.encode(reply) + [self.chat.tok.eos_token_id]
 
 
