@@ -270,3 +270,29 @@ async def test_an_environment_never_played_is_first_played_at_its_easiest_point(
     assert replays and all(p["params"] == {"level": level} for p in replays), replays
     solved = [sum(s >= 1 for s in p["unhinted"]) for p in replays]
     assert all(n == (12 if level == 0 else 0) for n in solved)  # level 0: always solved
+
+
+def test_a_family_whose_easiest_point_is_never_solved_is_out_of_reach():
+    """The edit parent skips (mostly) a family whose easiest point was played twice over and
+    never solved: every edit from there is a play at 0."""
+    from types import SimpleNamespace
+
+    from memory_db.records import EnvStats
+    from spade_async.loop.edit import Edits
+    from spade_async.loop.ports import StoredEnv
+
+    specs = check_params_schema({"digits": {"type": "int", "min": 1, "max": 4, "default": 2}})
+    edits = Edits.__new__(Edits)
+    edits.ctx = SimpleNamespace(known_meta=lambda env_id: SimpleNamespace(params=specs))
+    env = StoredEnv("e1", "code", "fam")
+
+    def variant(digits: int, episodes: int, mean: float):
+        return SimpleNamespace(params={"digits": digits},
+                               stats=EnvStats("v", episodes_unhinted=episodes, mean_unhinted=mean))
+
+    assert edits._out_of_reach(env, [variant(1, 16, 0.0), variant(2, 8, 0.0)])
+    assert not edits._out_of_reach(env, [variant(1, 8, 0.0)])      # not played enough yet
+    assert not edits._out_of_reach(env, [variant(1, 24, 0.25)])    # solved sometimes
+    assert not edits._out_of_reach(env, [variant(2, 40, 0.0)])     # only harder points at 0
+    edits.ctx = SimpleNamespace(known_meta=lambda env_id: SimpleNamespace(params=()))
+    assert not edits._out_of_reach(env, [variant(1, 16, 0.0)])     # no knobs: never

@@ -190,3 +190,45 @@ def test_unreached_hinted_wins_count_as_copies():
     r = env_regret([0.0] * 8, [1.0, 1.0], cfg, copies, why)
     assert r.leak_flagged and r.designer_reward == 0.0 and r.leak_reason == why
     assert env_regret([0.0] * 8, [1.0, 1.0], cfg, [0.0, 0.0], "x").leak_reason == ""
+
+
+ECHO_PAID = '''
+import random
+
+
+class Environment:
+    name = "echo_paid"
+    description = "Name the animal that fits the clue."
+    max_turns = 1
+
+    def reset(self, seed):
+        self.word = random.Random(seed).choice(["otter", "heron", "lynx", "bison", "gecko"])
+        return f"Clue: it rhymes with nothing. The task word is '{self.word}'.", {}
+
+    def step(self, action):
+        ok = self.word in action.lower()
+        return ("Right" if ok else "Wrong"), float(ok), True, False, {}
+
+    def hint(self):
+        return "It lives near water or in the mountains."
+'''
+
+
+def test_bench_validation_times_before_and_after_side_by_side(tmp_path):
+    """`spade bench validation`: the arms side by side; what only the new checks catch is
+    accepted before and rejected after, naming the probe."""
+    echo, leaky = tmp_path / "echo_paid.py", tmp_path / "leaky.py"
+    echo.write_text(ECHO_PAID)
+    leaky.write_text(FACTS.replace("self.fact, self.n = random.Random(seed).choice(FACTS)",
+                                   "self.n = random.Random(seed).randint(100, 999)")
+                     .replace("HINT", "f'Read it backwards: {str(self.n)[::-1]}'"))
+    res = CliRunner().invoke(app, ["bench", "validation", str(echo), str(leaky), "--reps", "1",
+                                   "--no-model-check", "--json"])
+    assert res.exit_code == 0, res.output
+    out = __import__("json").loads(res.stdout)
+    assert set(out["arms"]) == {"before", "rules"} and out["model_check"].startswith("not run")
+    assert out["arms"]["before"]["rejected"] == {}
+    rejected = out["arms"]["rules"]["rejected"]
+    assert "observation echo" in rejected["echo_paid"]
+    assert "the hint decoded" in rejected["leaky"]
+    assert out["arms"]["before"]["median_ratio"] == 1.0

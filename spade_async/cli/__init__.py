@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import typer
 
-from spade_async.cli.bench.envs import bench_ladder, bench_sandbox
+from spade_async.cli.bench.envs import bench_ladder, bench_sandbox, bench_validation
 from spade_async.cli.bench.learn import bench_learn
 from spade_async.cli.bench.memory import bench_memory
 from spade_async.cli.bench.serving import bench_endpoints, bench_inference, bench_pipeline
@@ -48,7 +48,8 @@ bench_app = typer.Typer(help="Benchmarks: figures measured side by side in one r
 for name, command in (("memory", bench_memory), ("inference", bench_inference),
                       ("sandbox", bench_sandbox), ("ladder", bench_ladder),
                       ("pipeline", bench_pipeline), ("endpoints", bench_endpoints),
-                      ("trainer", bench_trainer), ("learn", bench_learn)):
+                      ("trainer", bench_trainer), ("learn", bench_learn),
+                      ("validation", bench_validation)):
     bench_app.command(name)(command)
 
 app.add_typer(endpoints_app, name="endpoints")

@@ -102,7 +102,8 @@ def _tool_calls(hint: str) -> list[str]:
 
 
 def leak_policies(hint: str, solution: list[str] | None = None,
-                  limit: int = MAX_POLICIES, observation: str = "") -> list[LeakPolicy]:
+                  limit: int = MAX_POLICIES, observation: str = "",
+                  decoded: bool = True) -> list[LeakPolicy]:
     """The policies of the module docstring, most specific first, at most `limit`.
     `observation` (the episode's first) keeps arithmetic on the task's own numbers out of the
     decoded answers: a hint that restates the operands with a method is not a leak."""
@@ -145,11 +146,11 @@ def leak_policies(hint: str, solution: list[str] | None = None,
         add(f"the quoted string {q!r} in the hint", [q])
     for n in dict.fromkeys(numbers):
         add(f"the number {n} in the hint", [n])
-    decoded = decoded_answers(hint, observation)
+    answers = decoded_answers(hint, observation) if decoded else []
     if solution:  # a decoded answer that is a solution action goes first
         wanted = {normalise(_payload(a)) for a in solution}
-        decoded.sort(key=lambda d: normalise(d[1]) not in wanted)
-    for what, value in decoded[:MAX_DECODED]:
+        answers.sort(key=lambda d: normalise(d[1]) not in wanted)
+    for what, value in answers[:MAX_DECODED]:
         add(f"the hint decoded ({what})", [value])
     items = [s for s in _SEPARATORS.split(hint) if s.strip()]
     if len(numbers) > 1:

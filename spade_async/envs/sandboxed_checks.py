@@ -42,7 +42,7 @@ CONTROL_SEED_OFFSET = 7919  # the control episode's seed: another episode at the
 
 
 async def _hint_leak(env: EnvSession, meta: EnvMeta, point: dict[str, Any],
-                     seeds: list[int]) -> LeakResult:
+                     seeds: list[int], decoded: bool = True) -> LeakResult:
     """DESIGN §3b: play the policies `leak_policies` reads off the hint (hint_leak.py)."""
 
     async def solved_by(seed: int, hint_seed: int) -> str | None:
@@ -50,7 +50,8 @@ async def _hint_leak(env: EnvSession, meta: EnvMeta, point: dict[str, Any],
         hint = await env.hint()
         sol = await env.solution() if meta.has_solution else None
         # the hint's own task's observation: arithmetic on its numbers is a method, not a leak
-        for policy in leak_policies(hint, sol, observation=first.observation):
+        for policy in leak_policies(hint, sol, observation=first.observation,
+                                    decoded=decoded):
             score, _, _ = await _play(env, seed, point, policy.plan(meta.max_turns),
                                       meta.max_turns)
             if score >= 1.0 - 1e-9:
@@ -154,7 +155,7 @@ async def check_point(env: EnvSession, meta: EnvMeta, point: dict[str, Any], see
     # the task (an easy task, not a verifier that pays the echo, which is the code's and shows
     # at the defaults). An echo is not played on after a seed it fails (its recorded score, the
     # least over the seeds played, is then already below the threshold).
-    if echo:
+    if echo and vcfg.echo_probes:
         firsts = [(await env.reset(seed, point)).observation for seed in seeds]
         for echo in echo_policies(firsts, solution):
             least = 1.0
@@ -173,7 +174,7 @@ async def check_point(env: EnvSession, meta: EnvMeta, point: dict[str, Any], see
            f"the probe {exploit[0][0]} ({exploit[0][1]}) scores {exploit[0][2]} >= "
            f"{vcfg.exploit_threshold} (the reward pays without solving)")
     # the hint does not give the answer away
-    leak = await _hint_leak(env, meta, point, seeds)
+    leak = await _hint_leak(env, meta, point, seeds, vcfg.decoded_hints)
     record("hint_leak", leak.rate < vcfg.exploit_threshold, "" if leak.rate <
            vcfg.exploit_threshold else leak.reason(vcfg.exploit_threshold))
     # solution replay

@@ -33,6 +33,13 @@ from spade_async.reward.regret import DesignStatus
 
 log = get_logger("daemon")
 
+# A family whose easiest point has this many unhinted episodes at a mean score this low is out
+# of the policy's reach for now (run60e: linear_system's easiest point took 19 edits, every
+# one solved 0 of 8); its edits go to another family but for this share of the draws.
+OUT_OF_REACH_EPISODES = 16
+OUT_OF_REACH_SOLVE = 1 / 16
+OUT_OF_REACH_RETRY = 0.2
+
 
 @dataclass(frozen=True)
 class EditOffer:
@@ -70,8 +77,10 @@ class Edits:
         take every edit: 12 of 16 plays in a 13-minute embedded run), then, as ACCEL edits
         the most promising levels of its buffer, its played variant with the highest
         learnability (the most recently played among equals); an environment never played
-        starts at its easiest point (ACCEL starts from simple levels). None (the move falls
-        back to write) when no stored environment has knobs."""
+        starts at its easiest point (ACCEL starts from simple levels). A family out of the
+        policy's reach (`_out_of_reach`) is passed over for the next in a shuffled order, but
+        for OUT_OF_REACH_RETRY of the draws. None (the move falls back to write) when no
+        stored environment has knobs."""
         ctx = self.ctx
         try:
             stamp, families = self._knob_families
@@ -84,9 +93,14 @@ class Edits:
             if not families:
                 ctx.counters["edit_without_parent"] += 1
                 return None
-            env = ctx.rng.choice(families)
-            played = await ctx.memory_op(lambda: ctx.memory.variants(env.env_id),
-                                         what="edit_parent")
+            order = ctx.rng.sample(families, len(families))
+            for env in order:
+                played = await ctx.memory_op(lambda e=env: ctx.memory.variants(e.env_id),
+                                             what="edit_parent")
+                if env is order[-1] or not self._out_of_reach(env, played) \
+                        or ctx.rng.random() < OUT_OF_REACH_RETRY:
+                    break
+                ctx.counters["edit_parent_out_of_reach"] += 1
         except GaveUp as exc:
             await ctx.failures.give_up("edit_parent", str(exc))
             return None
@@ -104,6 +118,22 @@ class Edits:
         else:
             params = easiest_point(specs)
         return env.at(params)
+
+    def _out_of_reach(self, env: StoredEnv, played: list[Any]) -> bool:
+        """The family's easiest point has been played twice over and (almost) never solved:
+        every edit offered from there is that point again or harder, so an edit of it is a
+        play at 0. Another family is edited instead, but for `OUT_OF_REACH_RETRY` of the
+        draws, which look again as the policy improves."""
+        specs = self.ctx.known_meta(env.env_id).params
+        if not specs:
+            return False
+        try:
+            floor = easiest_point(specs)
+            at_floor = [v for v in played if resolve_params(specs, v.params) == floor]
+        except ContractError:
+            return False
+        return any((v.stats.episodes_unhinted or 0) >= OUT_OF_REACH_EPISODES
+                   and (v.stats.mean_unhinted or 0.0) <= OUT_OF_REACH_SOLVE for v in at_floor)
 
     def _vocabulary(self) -> TokenBytes:
         if self._vocab is None:

@@ -148,21 +148,28 @@ class Sandbox:
                     await worker.kill("died while warm")
                     self._free.append(worker.slot)
                     continue
+                except BaseException:  # cancelled while it got ready: out of the pool, so
+                    self._give_back(worker)  # killed here or nowhere
+                    raise
                 self.stats.started_warm += 1
                 self._refill()
                 return worker
             if self._free:
                 slot = self._free.popleft()
                 try:
-                    worker = await self._adopt(Worker.launch(
-                        self.isolation, slot, self.cfg, self.cgroups, preload=False)).ready()
-                except SandboxError as exc:
-                    self._free.append(slot)
-                    self._notify()
-                    raise WorkerStartError(exc.kind, str(exc)) from None
+                    worker = self._adopt(Worker.launch(
+                        self.isolation, slot, self.cfg, self.cgroups, preload=False))
                 except BaseException:
                     self._free.append(slot)
                     self._notify()
+                    raise
+                try:
+                    await worker.ready()
+                except SandboxError as exc:
+                    self._give_back(worker)
+                    raise WorkerStartError(exc.kind, str(exc)) from None
+                except BaseException:  # cancelled while it started: killed, its slot back
+                    self._give_back(worker)
                     raise
                 self.stats.started_cold += 1
                 return worker

@@ -121,3 +121,48 @@ def bench_ladder(
                and h["rate"] is not None else "-")
         typer.echo(f"{r['family']:20s} {r['label']:8s} {r['temperature']:4.2f}  {rate(u):26s} "
                    f"{rate(h):26s} {gap}")
+
+
+def bench_validation(
+    files: list[Path] = typer.Argument(None, help="environment modules (default: the 18 seeds)"),
+    config: Path = ConfigOpt,
+    reps: int = typer.Option(3, "--reps", min=1, help="validations per arm, the best one kept"),
+    model_check: bool = typer.Option(True, "--model-check/--no-model-check",
+                                     help="also time the model check of the hint, where an "
+                                     "agent endpoint of the config answers"),
+    as_json: bool = JsonOpt,
+) -> None:
+    """Validation seconds per environment, side by side: `before` (no observation echoes, no
+    decoded hint answers), `rules` (the default checks), `model` (and the model check of the
+    hint, on the config's agent endpoints); median and mean per arm, and their ratio to before."""
+    from spade_async.bench.validation import run_validation_bench, seed_files
+    from spade_async.cli.env import _hint_reader
+    from spade_async.sandbox.isolation import SandboxUnavailable
+
+    cfg = config_or_exit(config)
+    paths = list(files) if files else seed_files()
+    if missing := [p for p in paths if not p.is_file()]:
+        raise fail(f"no environment file {missing[0]}", 2)
+
+    def progress(msg: str) -> None:
+        typer.echo(f"[bench] {msg}", err=True)
+
+    async def main():
+        async with _hint_reader(cfg, model_check) as (reader, why):
+            return await run_validation_bench(cfg, paths, reps=reps, reader=reader,
+                                              no_reader=why, progress=progress)
+
+    try:
+        r = anyio.run(main)
+    except SandboxUnavailable as exc:
+        raise fail(str(exc), 2) from None
+    if as_json:
+        typer.echo(json.dumps(r, indent=2))
+        return
+    typer.echo(f"{r['files']} environments, best of {r['reps']}; model check: {r['model_check']}")
+    for arm, a in r["arms"].items():
+        typer.echo(f"{arm:7s} median {a['median_s']:.3f} s ({a['median_ratio']:.2f}x before), "
+                   f"mean {a['mean_s']:.3f} s ({a['mean_ratio']:.2f}x), max {a['max_s']:.3f} s, "
+                   f"{len(a['rejected'])} rejected")
+        for name, reason in a["rejected"].items():
+            typer.echo(f"        {name}: {reason[:160]}")

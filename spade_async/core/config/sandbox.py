@@ -45,6 +45,11 @@ class ValidationConfig(Strict):
     exploit_threshold: float = Field(0.5, gt=0, le=1, description="a probe policy scoring this "
                                      "much means the environment is trivially exploitable")
     solution_score: float = Field(1.0, gt=0, le=1, description="score the solution must reach")
+    echo_probes: bool = Field(True, description="play the observation echoes (probes that send "
+                              "an item read off each turn's observation) at the defaults")
+    decoded_hints: bool = Field(True, description="play the answers the hint gives in another "
+                                "form (number words, reversed, in pieces, spelled-out "
+                                "arithmetic, other notations) as hint-leak policies")
     reader: bool = Field(True, description="the model check of the hint (hint_reader): once "
                          "the cheap checks pass, the policy model is asked for the answer with "
                          "the hint and without, at a few tokens a reply; a hint that lifts its "
