@@ -71,22 +71,22 @@ class Environment:
 PLAIN = '''
 class Environment:
     name = "plain"
-    description = "Say the word shown back."
+    description = "Say the word shown backwards."
     max_turns = 2
 
     def reset(self, seed):
-        self.word = "abcdefgh"[seed % 8] * 3
-        return f"Say {self.word}.", {"args": 1}
+        self.word = "abcdefgh"[seed % 8] + "xyz"
+        return f"Say {self.word} backwards.", {"args": 1}
 
     def step(self, action):
-        ok = action.strip() == self.word
+        ok = action.strip() == self.word[::-1]
         return "ok" if ok else "no", float(ok), True, False, {}
 
     def hint(self):
-        return "Repeat it."
+        return "Read it from the end."
 
     def solution(self):
-        return [self.word]
+        return [self.word[::-1]]
 '''
 
 

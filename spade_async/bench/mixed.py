@@ -34,6 +34,7 @@ from spade_async.core.config import (
     RolloutConfig,
     SandboxConfig,
     SpadeConfig,
+    ValidationConfig,
 )
 from spade_async.core.config.corpus import CorpusConfig, JsonlSourceConfig
 from spade_async.corpus.sampler import CorpusSampler
@@ -197,6 +198,9 @@ def run_mixed_bench(checkpoint: Path, *, capacities: tuple[int, ...] = (8, 4),
                                     status_interval_s=0.5, **(daemon or {})),
                 corpus=CorpusConfig(source=JsonlSourceConfig(path=root / "docs.jsonl",
                                                              id_field="id"), min_chars=10),
+                # the window measures designs beside episodes, and the bare client replays
+                # those: the hint reader's chat requests (validation) are neither
+                validation=ValidationConfig(reader=False),
             )
             latency = (request_latency_s, token_latency_s)
             d = anyio.run(_daemon_window, cfg, chat, warmup_s, window_s, latency, progress)

@@ -83,7 +83,7 @@ def env_validate(
     sb_cfg = cfg.sandbox.model_copy(update={"warm_workers": min(cfg.sandbox.warm_workers, 2)})
 
     async def run_all():
-        async with Sandbox(sb_cfg) as sb, _hint_reader(cfg, model_check) as (reader, why):
+        async with Sandbox(sb_cfg) as sb, hint_reader_for(cfg, model_check) as (reader, why):
             return [(f, await validate(code, sb, cfg.validation, params=params, reader=reader,
                                        no_reader=why))
                     for f, code in codes]
@@ -116,7 +116,7 @@ def env_validate(
 
 
 @asynccontextmanager
-async def _hint_reader(cfg: SpadeConfig, wanted: bool) -> AsyncIterator[tuple[Any, str]]:
+async def hint_reader_for(cfg: SpadeConfig, wanted: bool) -> AsyncIterator[tuple[Any, str]]:
     """(the hint reader on the config's agent endpoints, or None, and why not)."""
     from spade_async.envs.hint_reader import HintReader
     from spade_async.inference.errors import EndpointError

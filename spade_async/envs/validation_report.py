@@ -39,11 +39,12 @@ class ValidationReport:
         """Share of the whole pipeline's checks passed, plus a failed check's partial credit:
         the dense signal behind `regret.invalid_partial_credit`. The denominator is every check
         there is, so failing early always scores below failing late."""
-        failed = bool(self.failures)  # a model check not run holds no verdict against
-        passed = sum(c.passed is True or (c.passed is None and c.name in MODEL_CHECKS
-                                          and not failed) for c in self.checks)
+        # a model check that did not run (no endpoint, or an earlier check failed) is no
+        # verdict either way: it leaves the denominator
+        unrun = sum(c.passed is None and c.name in MODEL_CHECKS for c in self.checks)
+        passed = sum(c.passed is True for c in self.checks)
         credit = sum(c.credit for c in self.checks if c.passed is False)
-        return min(1.0, (passed + credit) / len(ALL_CHECKS))
+        return min(1.0, (passed + credit) / (len(ALL_CHECKS) - unrun))
 
     @property
     def failures(self) -> list[Check]:

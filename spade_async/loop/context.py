@@ -119,7 +119,8 @@ class LoopContext:
         model (hint_reader.py); an edit's variant shares the code its environment was
         accepted with, and the built-in seeds are trusted."""
         self.in_flight["validations"] += 1
-        reader = HintReader(self.pool_for(None, "agent"), self.policy.model,
+        # validation's cost, not a rollout's: its few tokens are not counted as sampled
+        reader = HintReader(self.pool, self.policy.model,
                             self.routes["agent"].group,
                             deadline_s=self.cfg.rollout.request_deadline_s) if read_hint else None
         why = "an edit's variant: its environment's hint was read when it was accepted" \

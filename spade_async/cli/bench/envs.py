@@ -136,7 +136,7 @@ def bench_validation(
     decoded hint answers), `rules` (the default checks), `model` (and the model check of the
     hint, on the config's agent endpoints); median and mean per arm, and their ratio to before."""
     from spade_async.bench.validation import run_validation_bench, seed_files
-    from spade_async.cli.env import _hint_reader
+    from spade_async.cli.env import hint_reader_for
     from spade_async.sandbox.isolation import SandboxUnavailable
 
     cfg = config_or_exit(config)
@@ -148,7 +148,7 @@ def bench_validation(
         typer.echo(f"[bench] {msg}", err=True)
 
     async def main():
-        async with _hint_reader(cfg, model_check) as (reader, why):
+        async with hint_reader_for(cfg, model_check) as (reader, why):
             return await run_validation_bench(cfg, paths, reps=reps, reader=reader,
                                               no_reader=why, progress=progress)
 
