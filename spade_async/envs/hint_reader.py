@@ -67,12 +67,13 @@ async def _episode(sandbox: Sandbox, code: str, meta: EnvMeta, reader: HintReade
                                          max_tokens=reader.max_tokens, temperature=0.0,
                                          token_level=False, group=reader.group,
                                          deadline_s=reader.deadline_s)
-            replies.append(out.text)
-            res = await env.step(to_action(out.text))
+            text = out.text or ""  # a reply with no content (a refusal, a tool call) is ""
+            replies.append(text)
+            res = await env.step(to_action(text))
             rewards.append(res.reward)
             if res.done:
                 break
-            messages += [{"role": "assistant", "content": out.text},
+            messages += [{"role": "assistant", "content": text},
                          {"role": "user", "content": res.observation}]
         return episode_score(rewards) >= 1.0 - 1e-9, replies[0] if replies else ""
 
