@@ -11,6 +11,7 @@ from spade_async.core.config import SandboxConfig
 from spade_async.envs.probe_policies import ECHO_LIMIT, EchoProbe, echo_policies
 from spade_async.envs.validate import validate
 from spade_async.sandbox.runtime import Sandbox
+from spade_async.testing.redteam import env
 
 CFG = SandboxConfig(slots=2, warm_workers=2, call_timeout_s=3.0)
 
@@ -19,45 +20,6 @@ CFG = SandboxConfig(slots=2, warm_workers=2, call_timeout_s=3.0)
 async def sandbox():
     async with Sandbox(CFG) as sb:
         yield sb
-
-
-def env(name: str, reset: str, step: str, hint: str, solution: str | None = None,
-        max_turns: int = 1, tools: str = "[]", extra: str = "") -> str:
-    """An environment module from method bodies (each indented by 8 spaces in the class)."""
-
-    def body(code: str) -> str:
-        return "\n".join("        " + line for line in code.strip("\n").splitlines())
-
-    sol = f"\n    def solution(self):\n{body(solution)}\n" if solution else ""
-    return f'''
-import json
-import random
-import re
-
-WORDS = ["apple", "brick", "cloud", "dune", "ember", "frost", "grove", "harbor", "ivory",
-         "jungle", "kettle", "lemon", "marble", "nectar", "orbit", "pepper", "quartz", "river",
-         "saddle", "timber", "umber", "velvet", "willow", "xenon", "yarrow", "zephyr"]
-NAMES = ["Marta", "Jonas", "Priya", "Tomasz", "Keiko", "Olu", "Ines", "Rafael", "Sven", "Lucia"]
-{extra}
-
-class Environment:
-    name = "{name}"
-    description = "A task written for the red-team suite."
-    max_turns = {max_turns}
-    tools = {tools}
-
-    def reset(self, seed):
-        self.rng = random.Random(seed)
-        self.turn = 0
-{body(reset)}
-
-    def step(self, action):
-        self.turn += 1
-{body(step)}
-
-    def hint(self):
-{body(hint)}
-{sol}'''
 
 
 RED_TEAM = {

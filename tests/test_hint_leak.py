@@ -10,6 +10,7 @@ from spade_async.core.config import SandboxConfig
 from spade_async.envs.hint_leak import answer_prefixes, leak_policies, normalise, play_leak
 from spade_async.envs.validate import validate
 from spade_async.sandbox.runtime import Sandbox
+from spade_async.testing.redteam import env
 
 CFG = SandboxConfig(slots=2, warm_workers=2, call_timeout_s=3.0)
 
@@ -18,44 +19,6 @@ CFG = SandboxConfig(slots=2, warm_workers=2, call_timeout_s=3.0)
 async def sandbox():
     async with Sandbox(CFG) as sb:
         yield sb
-
-
-def env(name: str, reset: str, step: str, hint: str, solution: str | None = None,
-        max_turns: int = 1, tools: str = "[]", extra: str = "") -> str:
-    """An environment module from method bodies (each indented by 8 spaces in the class)."""
-
-    def body(code: str) -> str:
-        return "\n".join("        " + line for line in code.strip("\n").splitlines())
-
-    sol = f"\n    def solution(self):\n{body(solution)}\n" if solution else ""
-    return f'''
-import json
-import random
-import re
-
-WORDS = ["apple", "brick", "cloud", "dune", "ember", "frost", "grove", "harbor", "ivory",
-         "jungle", "kettle", "lemon", "marble", "nectar", "orbit", "pepper", "quartz", "river",
-         "saddle", "timber", "umber", "velvet", "willow", "xenon", "yarrow", "zephyr"]
-{extra}
-
-class Environment:
-    name = "{name}"
-    description = "A task written for the red-team suite."
-    max_turns = {max_turns}
-    tools = {tools}
-
-    def reset(self, seed):
-        self.rng = random.Random(seed)
-        self.turn = 0
-{body(reset)}
-
-    def step(self, action):
-        self.turn += 1
-{body(step)}
-
-    def hint(self):
-{body(hint)}
-{sol}'''
 
 
 RED_TEAM = {
@@ -238,6 +201,15 @@ FORM_SHIFTED = {
 RED_TEAM |= {name: (code, "hint_leak", "the hint decoded") for name, code in
              FORM_SHIFTED.items()}
 
+# a guess-the-number step: higher or lower until the number is named
+_GUESS_STEP = ("m = re.findall(r'-?\\d+', action)\n"
+               "if not m:\n"
+               "    return 'A number, please.', 0.0, False, False, {}\n"
+               "g = int(m[-1])\n"
+               "if g == self.n:\n"
+               "    return 'Yes!', 1.0, True, False, {}\n"
+               "return ('higher' if g < self.n else 'lower'), 0.0, False, False, {}")
+
 HONEST = {
     # a range, told with exclusive ends, in a space the range does not exhaust
     "range": env(
@@ -246,13 +218,7 @@ HONEST = {
         "self.lo = max(0, self.n - self.rng.randint(1, 60))\n"
         "self.hi = self.n + self.rng.randint(1, 60)\n"
         "return 'Guess the number from 1 to 1000; I say higher or lower.', {}",
-        "m = re.findall(r'-?\\d+', action)\n"
-        "if not m:\n"
-        "    return 'A number, please.', 0.0, False, False, {}\n"
-        "g = int(m[-1])\n"
-        "if g == self.n:\n"
-        "    return 'Yes!', 1.0, True, False, {}\n"
-        "return ('higher' if g < self.n else 'lower'), 0.0, False, False, {}",
+        _GUESS_STEP,
         "return f'The number lies strictly between {self.lo} and {self.hi}.'",
         "return [f'GUESS: {self.n}']", max_turns=10),
     # the parity of the answer
@@ -292,13 +258,7 @@ HONEST = {
         "self.n = self.rng.randint(100, 999)\n"
         "self.lo, self.hi = self.n - self.rng.randint(2, 40), self.n + self.rng.randint(2, 40)\n"
         "return 'Guess the number from 1 to 1000; I say higher or lower.', {}",
-        "m = re.findall(r'-?\\d+', action)\n"
-        "if not m:\n"
-        "    return 'A number, please.', 0.0, False, False, {}\n"
-        "g = int(m[-1])\n"
-        "if g == self.n:\n"
-        "    return 'Yes!', 1.0, True, False, {}\n"
-        "return ('higher' if g < self.n else 'lower'), 0.0, False, False, {}",
+        _GUESS_STEP,
         "s = sum(map(int, str(self.n)))\n"
         "return f'It is more than {self.lo} and less than {self.hi}; its digits add up to {s}.'",
         "return [f'GUESS: {self.n}']", max_turns=10),

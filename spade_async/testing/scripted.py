@@ -8,7 +8,6 @@ from __future__ import annotations
 import hashlib
 import re
 
-from spade_async.envs.hint_reader import ASK
 from spade_async.inference.chat_tokens import ChatTokens
 
 ENV_CODE = '''import random
@@ -45,8 +44,7 @@ class Environment:
 
 class Script:
     """Designer: the first reply for a document is the known environment, later ones are
-    unusable. Agent: correct answers only when the privileged hint is in its prompt (and
-    not when asked for a bare answer, as validation's hint reader asks).
+    unusable. Agent: correct answers only when the privileged hint is in its prompt.
     `per_document`: count designs per document excerpt (and name each env after it)."""
 
     def __init__(self, chat: ChatTokens, per_document: bool = False,
@@ -75,8 +73,7 @@ class Script:
             sums = re.findall(r"What is (\d+(?: [-+*] \d+)+)\?", text)
             if sums:
                 numbers = re.findall(r"\d+", sums[0])
-            # the hint helps a reply with room to reason, not the hint reader's bare answer
-            solves = "Privileged hint" in text and ASK not in text or (
+            solves = "Privileged hint" in text or (
                 self.unhinted_solves_even and bool(numbers) and int(numbers[0]) % 2 == 0)
             answer = (str(_arithmetic(sums[-1])) if sums else numbers[-1]) if numbers else "0"
             # a solved reply shows its step (a bare hinted win that no unhinted episode reaches
