@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import random
 import re
+from collections import Counter
 
 import pytest
 
@@ -296,3 +297,30 @@ def test_a_family_whose_easiest_point_is_never_solved_is_out_of_reach():
     assert not edits._out_of_reach(env, [variant(2, 40, 0.0)])     # only harder points at 0
     edits.ctx = SimpleNamespace(known_meta=lambda env_id: SimpleNamespace(params=()))
     assert not edits._out_of_reach(env, [variant(1, 16, 0.0)])     # no knobs: never
+
+
+def test_edit_parents_are_drawn_by_their_family_promise():
+    """The family to edit is drawn by the highest learnability p(1-p) among its played
+    variants (the frontier), an unplayed family as the most promising, none ever at 0."""
+    import random
+    from types import SimpleNamespace
+
+    from memory_db.records import EnvStats
+    from spade_async.loop.edit import PROMISE_FLOOR, family_promise, frontier_order
+    from spade_async.loop.ports import StoredEnv
+
+    def played(*rates):
+        return [SimpleNamespace(stats=EnvStats("v", learnability=r * (1 - r))) for r in rates]
+
+    assert family_promise(played(0.875, 0.5)) == 0.25
+    assert family_promise(played()) == 0.25                       # unplayed: explore
+    assert family_promise(played(0.0, 1.0)) == PROMISE_FLOOR      # never dropped for good
+    families = [StoredEnv(n, "code", n) for n in ("hopeless", "hard", "frontier")]
+    played_of = {"hopeless": played(0.0), "hard": played(0.15), "frontier": played(0.6, 0.9)}
+    rng = random.Random(0)
+    first = Counter(frontier_order(families, played_of, rng)[0].env_id for _ in range(4000))
+    weights = {k: family_promise(v) for k, v in played_of.items()}
+    for name, w in weights.items():   # the first place goes by weight (the shuffle's law)
+        assert abs(first[name] / 4000 - w / sum(weights.values())) < 0.03, (first, weights)
+    orders = [frontier_order(families, played_of, rng) for _ in range(50)]
+    assert all(sorted(e.env_id for e in o) == sorted(played_of) for o in orders)
