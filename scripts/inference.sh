@@ -62,6 +62,10 @@ lora=(--enable-lora --max-lora-rank "$cfg_max_lora_rank" --max-loras "$cfg_max_l
 # vllm-nccl: the server joins the trainer's NCCL group through vLLM's weight-transfer engine.
 transfer=()
 [ -n "$cfg_weight_transfer" ] && transfer=(--weight-transfer-config "$cfg_weight_transfer")
+# uvicorn's access log (a line per request and per health probe) is off: over a week it is
+# most of the stack log. SPADE_VLLM_ACCESS_LOG=1 keeps it.
+access_log=(--disable-uvicorn-access-log)
+[ "${SPADE_VLLM_ACCESS_LOG:-0}" = 1 ] && access_log=()
 exec "${niceness[@]}" "$vllm_python" -m vllm.entrypoints.openai.api_server \
   --model "$model" \
   --served-model-name "$cfg_served_name" \
@@ -70,5 +74,5 @@ exec "${niceness[@]}" "$vllm_python" -m vllm.entrypoints.openai.api_server \
   --dtype "$cfg_dtype" \
   --logprobs-mode "$cfg_logprobs_mode" \
   "${lora[@]}" "${transfer[@]}" \
-  --disable-log-stats \
+  --disable-log-stats "${access_log[@]}" \
   "$@"

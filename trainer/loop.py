@@ -18,7 +18,6 @@ wholly; it is marked taken (the daemon's back-pressure) as soon as a batch is cl
 from __future__ import annotations
 
 import contextlib
-import json
 import time
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,7 @@ from spade_async.core.config import SpadeConfig, checkpoint_dir
 from spade_async.core.config.trainer import TrainerConfig, trainer_root
 from spade_async.core.logs import get_logger
 from spade_async.core.policy import current_version, version_dir, weights_dir
+from spade_async.core.rolling import Retention, rolling
 from spade_async.core.spool.batch import Batch, SpoolError
 from spade_async.core.spool.files import FileSpool
 from trainer.buffer import OpenBatches, SampleBuffer, StepPlan
@@ -90,7 +90,7 @@ class Trainer:
         self._dirty_trained = False  # trained since the last checkpoint (a step to keep)
         self.version = self.state.step // tcfg.publish_every_steps if self.publishing else 0
         self.spool = FileSpool(self.cfg.paths.data_dir / "spool")
-        self._metrics = self.root / "metrics.jsonl"
+        self._metrics = rolling(self.root / "metrics.jsonl", Retention.of(self.cfg.retention))
         with contextlib.ExitStack() as stack:
             self.publisher = None
             if self.publishing and d.is_main:
@@ -327,7 +327,6 @@ class Trainer:
         if not self.d.is_main:
             return
         line["time"] = time.time()
-        with open(self._metrics, "a", encoding="utf-8") as f:
-            f.write(json.dumps(line) + "\n")
+        self._metrics.append(line)
         log.info(f"train_{line['event']}", **{k: v for k, v in line.items()
                                                 if k not in ("event", "time")})

@@ -26,6 +26,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from spade_async.core.rolling import Retention, RollingFile
+
 # honcho's own lines: "HH:MM:SS system      | daemon.1 stopped (rc=1)"
 _LINE = re.compile(r"^\S+ (?P<name>\S+?)\s*\| (?P<text>.*)$")
 _STOPPED = re.compile(r"^(?P<proc>\S+?)(?:\.\d+)? stopped \(rc=(?P<rc>-?\d+)\)")
@@ -107,7 +109,10 @@ def explain(log_lines: list[str], returncode: int) -> StackExit:
     return StackExit(None, None, None, "", line)
 
 
-def supervise(cmd: list[str], log_path: Path) -> tuple[int, StackExit]:
+def supervise(cmd: list[str], log_path: Path,
+              retention: Retention | None = None) -> tuple[int, StackExit]:
+    """Run `cmd`, its output to the terminal and to `log_path` (rolled by `retention`); its
+    exit code and what stopped it."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, bufsize=1,
                             text=True, errors="replace")
@@ -120,16 +125,15 @@ def supervise(cmd: list[str], log_path: Path) -> tuple[int, StackExit]:
         signal.signal(sig, forward)
     seen: list[str] = []
     assert proc.stdout is not None
-    with open(log_path, "a", encoding="utf-8") as log:
-        log.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(cmd)}\n")
-        for line in proc.stdout:
-            sys.stdout.write(line)
-            sys.stdout.flush()
-            log.write(line)
-            log.flush()
-            seen.append(line)
-            if len(seen) > 20000:
-                del seen[:10000]
+    log = RollingFile(log_path, retention)
+    log.append_bytes(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(cmd)}\n".encode())
+    for line in proc.stdout:
+        sys.stdout.write(line)
+        sys.stdout.flush()
+        log.append_bytes(line.encode("utf-8", "replace"))
+        seen.append(line)
+        if len(seen) > 20000:
+            del seen[:10000]
     rc = proc.wait()
     return rc, explain(seen, rc)
 
@@ -147,11 +151,12 @@ def main(argv: list[str] | None = None) -> int:
     from spade_async.envs.seed_checks import load_checked_config
 
     try:
-        rdir = run_dir(load_checked_config(args.config))
+        cfg = load_checked_config(args.config)
+        rdir = run_dir(cfg)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    rc, result = supervise(cmd, rdir / "stack.log")
+    rc, result = supervise(cmd, rdir / "stack.log", Retention.of(cfg.retention))
     print(result.line, file=sys.stderr, flush=True)
     (rdir / "stack-exit.json").write_text(json.dumps({**result.as_dict(), "honcho_rc": rc,
                                                       "time": time.time()}, indent=1))

@@ -65,17 +65,9 @@ def append_jsonl(path: Path, record: dict[str, Any]) -> None:
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """Every whole JSON object line of `path` (none if it is missing; a torn line is skipped)."""
-    try:
-        raw = path.read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return []
-    out = []
-    for line in raw.splitlines():
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(rec, dict):
-            out.append(rec)
-    return out
+    """Every whole JSON object line of `path` and of its rolled segments, oldest first (none
+    if it is missing; a torn line is skipped). For files that fit in memory; stream with
+    `core.rolling.iter_jsonl`."""
+    from spade_async.core.rolling import iter_jsonl
+
+    return list(iter_jsonl(path))

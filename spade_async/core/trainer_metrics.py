@@ -27,32 +27,21 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from spade_async.core.rolling import iter_jsonl, tail_bytes
+
 TAIL_BYTES = 65536
 
 
 def tail_events(path: Path, nbytes: int = TAIL_BYTES) -> list[dict]:
     """The events of the file's last `nbytes` (a cut first line is skipped); [] without one."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, 2)
-            f.seek(max(0, f.tell() - nbytes))
-            lines = f.read().decode(errors="replace").splitlines()
-    except OSError:
-        return []
+    lines = tail_bytes(path, nbytes).decode(errors="replace").splitlines()
     return [e for e in map(_event, lines) if e is not None]
 
 
 def events(path: Path) -> Iterator[dict]:
-    """Every event of the file, streamed (a torn or foreign line is skipped)."""
-    try:
-        f = open(path, encoding="utf-8", errors="replace")  # noqa: SIM115 - closed below
-    except OSError:
-        return
-    with f:
-        for line in f:
-            e = _event(line)
-            if e is not None:
-                yield e
+    """Every event of the file and its rolled segments, streamed (a torn or foreign line is
+    skipped)."""
+    yield from iter_jsonl(path)
 
 
 def _event(line: str) -> dict | None:

@@ -5,11 +5,11 @@ versions evaluated (eval/results.jsonl) and the wall time its loop has run."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from spade_async.core.policy import read_current
+from spade_async.core.rolling import JsonlTail
 
 
 @dataclass
@@ -23,36 +23,12 @@ class Progress:
     evaluated: set[int] = field(default_factory=set)
 
 
-class _Tail:
-    """New whole lines of a JSONL file since the last read."""
-
-    def __init__(self, path: Path) -> None:
-        self.path, self.offset = path, 0
-
-    def lines(self) -> list[dict]:
-        try:
-            with open(self.path, "rb") as f:
-                f.seek(self.offset)
-                chunk = f.read()
-        except FileNotFoundError:
-            return []
-        end = chunk.rfind(b"\n") + 1  # a line still being written waits for the next read
-        self.offset += end
-        out = []
-        for raw in chunk[:end].splitlines():
-            try:
-                out.append(json.loads(raw))
-            except ValueError:
-                continue
-        return out
-
-
 class ArmProgress:
     def __init__(self, data_dir: Path) -> None:
         self.data_dir = data_dir
-        self._designs = _Tail(data_dir / "run" / "designs.jsonl")
-        self._episodes = _Tail(data_dir / "run" / "episodes.jsonl")
-        self._evals = _Tail(data_dir / "eval" / "results.jsonl")
+        self._designs = JsonlTail(data_dir / "run" / "designs.jsonl")
+        self._episodes = JsonlTail(data_dir / "run" / "episodes.jsonl")
+        self._evals = JsonlTail(data_dir / "eval" / "results.jsonl")
         self.now = Progress()
 
     def read(self, elapsed_s: float) -> Progress:

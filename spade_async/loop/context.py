@@ -14,9 +14,9 @@ from typing import Any
 import anyio
 
 from spade_async.core.config import SpadeConfig
-from spade_async.core.io import append_jsonl
 from spade_async.core.logs import get_logger
 from spade_async.core.policy import PolicyVersion, current_path
+from spade_async.core.rolling import Retention, rolling
 from spade_async.core.spool.base import BatchSpool
 from spade_async.envs.contract import EnvMeta, ParamSpec
 from spade_async.envs.hint_reader import HintReader
@@ -54,7 +54,7 @@ class LoopContext:
         self.iterations = 0  # documents (or edit groups; fixed mode: plays) through every stage
         self.rng = random.Random(cfg.corpus.seed)
         self.metrics = Metrics()
-        self.failures = Failures(run_dir, self.metrics)
+        self.failures = Failures(run_dir, self.metrics, Retention.of(cfg.retention))
         self.ledger = SampleLedger(self.metrics)  # every played sample: written or dropped
         self.usage = TokenUsage(self.metrics)  # prompt and sampled tokens per role
         # who designs, plays and evaluates where, and by which path (DESIGN §5)
@@ -166,7 +166,8 @@ class LoopContext:
 
     async def append(self, log_name: str, record: dict[str, Any]) -> None:
         """One line of <run_dir>/{designs,episodes,plays}.jsonl: what `spade report` plots."""
-        await anyio.to_thread.run_sync(append_jsonl, self.run_dir / f"{log_name}.jsonl", record)
+        log = rolling(self.run_dir / f"{log_name}.jsonl", Retention.of(self.cfg.retention))
+        await anyio.to_thread.run_sync(log.append, record)
 
     def rejected(self, reason: str) -> None:
         """A design refused: counted by the first part of its reason."""

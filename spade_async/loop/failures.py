@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 import anyio
 
 from spade_async.core.logs import get_logger
+from spade_async.core.rolling import Retention, rolling
 from spade_async.inference.errors import EndpointError
 from spade_async.loop.metrics import Metrics
 from spade_async.sandbox.errors import SandboxError, WorkerStartError
@@ -78,8 +79,9 @@ class GaveUp(Exception):
 class Failures:
     """Counts by `stage.kind`, given-up items by stage; one log line per failure."""
 
-    def __init__(self, run_dir: Path | None = None, metrics: Metrics | None = None) -> None:
-        self.run_dir, self.metrics = run_dir, metrics
+    def __init__(self, run_dir: Path | None = None, metrics: Metrics | None = None,
+                 retention: Retention | None = None) -> None:
+        self.run_dir, self.metrics, self.retention = run_dir, metrics, retention
         self.counts: Counter[str] = Counter()
         self.given_up: Counter[str] = Counter()
 
@@ -101,12 +103,8 @@ class Failures:
             return
         line = json.dumps({"time": time.time(), "stage": stage, "reason": reason, **context},
                           ensure_ascii=False, default=str) + "\n"
-
-        def write() -> None:
-            with open(self.run_dir / "given_up.jsonl", "a") as f:
-                f.write(line)
-
-        await anyio.to_thread.run_sync(write)
+        log_file = rolling(self.run_dir / "given_up.jsonl", self.retention)
+        await anyio.to_thread.run_sync(log_file.append_bytes, line.encode("utf-8"))
 
     def as_dict(self) -> dict[str, Any]:
         return {"by_kind": dict(sorted(self.counts.items())),

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from spade_async.core.config import SpadeConfig, run_dir
 from spade_async.core.io import read_jsonl
+from spade_async.core.rolling import iter_jsonl
 
 
 @dataclass
@@ -45,6 +46,22 @@ class RunData:
         return min(times) if times else 0.0
 
 
+# An episode's transcript: what the report never plots, left out as the file streams, so that
+# a run of any age reports in bounded memory (a few hundred bytes an episode).
+EPISODE_BULK = ("turns", "first_observation", "hint", "hint_copy", "chat_completion_tokens")
+
+
+def slim_episodes(path: Path) -> list[dict]:
+    """episodes.jsonl and its rolled segments, streamed, each record without its transcript."""
+    out = []
+    for e in iter_jsonl(path):
+        if "time" in e:
+            for k in EPISODE_BULK:
+                e.pop(k, None)
+            out.append(e)
+    return out
+
+
 def load_run(cfg: SpadeConfig) -> RunData:
     from spade_async.core.config.eval import PROBE_SUITES
     from spade_async.core.config.trainer import trainer_root
@@ -53,7 +70,7 @@ def load_run(cfg: SpadeConfig) -> RunData:
 
     rdir = run_dir(cfg)
     data = RunData(designs=read_jsonl(rdir / "designs.jsonl"),
-                   episodes=[e for e in read_jsonl(rdir / "episodes.jsonl") if "time" in e],
+                   episodes=slim_episodes(rdir / "episodes.jsonl"),
                    plays=read_jsonl(rdir / "plays.jsonl"),
                    steps=[s for s in read_jsonl(trainer_root(cfg, cfg.trainer) / "metrics.jsonl")
                           if s.get("event") == "step"],

@@ -20,6 +20,7 @@ from spade_async.core.config.rollout import RegretConfig, RolloutConfig
 from spade_async.core.config.root import (
     ModelConfig,
     PathsConfig,
+    RetentionConfig,
     SpadeConfig,
     checkpoint_dir,
     logprobs_mode,
@@ -36,6 +37,7 @@ __all__ = [
     "PathsConfig",
     "PoolConfig",
     "RegretConfig",
+    "RetentionConfig",
     "RolloutConfig",
     "SandboxConfig",
     "SpadeConfig",

@@ -27,6 +27,19 @@ class PathsConfig(Strict):
                                     "one prepared model)")
 
 
+class RetentionConfig(Strict):
+    """How much a long run keeps of what it writes as it goes: the run's records
+    (`run/episodes.jsonl` with the transcripts, designs, plays, given_up), the trainer's
+    `metrics.jsonl` and the stack log (spade_async/core/rolling.py)."""
+
+    segment_mb: float = Field(64.0, gt=0, description="a record file rolls into "
+                              "<name>.rolled/ (gzip) once it is this big")
+    keep_mb: float = Field(1024.0, ge=0, description="rolled segments kept per file, MB "
+                           "compressed, oldest deleted first (0: no size limit)")
+    keep_days: float = Field(0.0, ge=0, description="rolled segments older than this are "
+                             "deleted (0: no age limit)")
+
+
 class ModelConfig(Strict):
     served_name: str = Field("policy", description="model name the servers answer to")
     adapter_prefix: str | None = Field(
@@ -59,6 +72,7 @@ class SpadeConfig(Strict):
     """The whole tree; `checkpoint_dir` is derived, never configured twice."""
 
     paths: PathsConfig = Field(default_factory=PathsConfig)
+    retention: RetentionConfig = Field(default_factory=RetentionConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
     endpoints: list[EndpointConfig] = Field(default_factory=list)
     roles: RolesConfig = Field(default_factory=RolesConfig)
