@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections import Counter
+from collections import Counter, OrderedDict, deque
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +38,8 @@ log = get_logger("daemon")
 # Failures that mean "the endpoint is not there" rather than "it failed this request": the
 # work is waited out (with back-off) instead of using up its retry budget.
 OUTAGE = frozenset({"no_endpoint", "connection", "model_not_served"})
+REGRET_WINDOW = 10000  # plays whose regret the status distribution is over
+META_CACHE = 4096  # environments' EnvMeta kept loaded (a week's run stores many more)
 
 
 class LoopContext:
@@ -50,7 +52,8 @@ class LoopContext:
         self.counters: Counter[str] = Counter()
         self.reasons: Counter[str] = Counter()  # rejection reasons of designs
         self.in_flight: Counter[str] = Counter()  # designs, validations, episodes, evals
-        self.regrets: list[float] = []
+        # the regret of the last REGRET_WINDOW plays (the status line's distribution)
+        self.regrets: deque[float] = deque(maxlen=REGRET_WINDOW)
         self.iterations = 0  # documents (or edit groups; fixed mode: plays) through every stage
         self.rng = random.Random(cfg.corpus.seed)
         self.metrics = Metrics()
@@ -65,7 +68,8 @@ class LoopContext:
         self.start_version = 0
         self.waiting_for_trainer = False
         self.queue_depth = lambda: 0  # plays waiting in the env stream (set by the daemon)
-        self._metas: dict[str, EnvMeta] = {}  # env id -> what it says about itself (knobs)
+        # env id -> what it says about itself (knobs), the META_CACHE most recently used
+        self._metas: OrderedDict[str, EnvMeta] = OrderedDict()
         # how much is in flight: sized to the endpoints' capacity (spade_async.loop.admission)
         dcfg = cfg.daemon
         self.admission = Admission(
@@ -143,7 +147,9 @@ class LoopContext:
         """What a stored environment says about itself (its knobs), loaded in the sandbox
         once per daemon."""
         meta = self._metas.get(env_id)
-        if meta is None:
+        if meta is not None:
+            self._metas.move_to_end(env_id)
+        else:
             async def load() -> EnvMeta:
                 async with self.sandbox.open(code) as env:
                     return env.meta
@@ -152,6 +158,8 @@ class LoopContext:
                                                 attempts=self.cfg.daemon.item_attempts,
                                                 env_id=env_id)
             self._metas[env_id] = meta
+            while len(self._metas) > META_CACHE:
+                self._metas.popitem(last=False)
         return meta
 
     async def knobs(self, env: StoredEnv) -> tuple[ParamSpec, ...]:

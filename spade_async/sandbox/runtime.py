@@ -103,6 +103,8 @@ class Sandbox:
                 return reap_sandbox_orphans(uids, self._live_pids())
 
             worker.reaper = reap
+        if len(self._all) >= 2 * self.cfg.slots:  # bounded in every isolation mode: the dead go
+            self._live_pids()
         self._all.add(worker)
         return worker
 
