@@ -109,8 +109,9 @@ def test_kill_9_mid_run_then_restart_trains_every_sample_exactly_once(tmp_path):
         run = setup_run(tmp_path, "killed", model, server)
         write_batches(run / "spool", 8, seed=11)  # the same batches, the rest come later
 
-        # 1. kill -9 right after step 5 is logged: it is in no checkpoint (steps 3, 4 and 6
-        #    checkpoint), and batch 8 is half trained.
+        # 1. kill -9 right after step 5 is logged: it is in no checkpoint (steps 3 and 6
+        #    checkpoint; a publish does not force one), v2 was published at step 4 after
+        #    the checkpoint, and batch 8 is half trained.
         kill_when(start(run), run, lambda: len(step_lines(run)) >= 5, "step 5")
         # 2. restart; kill -9 as soon as a checkpoint directory is being written.
         ckpts = run / "trainer" / "checkpoints"
@@ -123,6 +124,11 @@ def test_kill_9_mid_run_then_restart_trains_every_sample_exactly_once(tmp_path):
         finish(start(run, "--max-steps", str(STEPS)), run)
 
     attempts = [line["step"] for line in step_lines(run)]
+    # The restarts resumed behind the published version: the retrained publish steps did not
+    # publish their versions again (the servers had them), the later ones did.
+    skipped = [line["step"] for line in step_lines(run)
+               if (line.get("publish") or {}).get("skipped")]
+    assert 4 in skipped, step_lines(run)
     state, ref_state = final_state(run), final_state(ref)
     assert state["step"] == ref_state["step"] == STEPS
     assert state["samples"] == ref_state["samples"] and state["tokens"] == ref_state["tokens"]
@@ -174,3 +180,37 @@ def test_sigterm_mid_step_abandons_the_step_and_restart_trains_the_batch(tmp_pat
     assert [line["step"] for line in step_lines(run)] == [1]
     state = final_state(run)
     assert state["step"] == 1 and state["last_seq"] == 1
+
+
+def test_a_stop_mid_step_keeps_the_steps_before_it(tmp_path):
+    """Checkpoints are not per step: a SIGTERM during a step drops that step (its weights are
+    not yet changed) and checkpoints the steps trained since the last checkpoint, inside
+    honcho's 5 s; the dropped step's batch is trained on the next start."""
+    model = tiny_llama(tmp_path / "tiny")
+    with FakeOpenAIServer() as server:
+        run = setup_run(tmp_path, "term-dirty", model, server, samples_per_step=2000,
+                        designer_max_share=0.5, step_wait_s=1.0, checkpoint_every_steps=100,
+                        checkpoint_every_minutes=0.0)
+        write_batches(run / "spool", 1, seed=5)  # 4 agent samples: a step after step_wait_s
+        proc = start(run)
+        log = run / "trainer.log"
+        deadline = time.monotonic() + 120
+        while len(step_lines(run)) < 1:
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.05)
+        assert not (run / "trainer" / "checkpoints" / "latest.json").exists()  # not per step
+        write_batches(run / "spool", 1, skip=1, seed=5, samples_per_batch=3000)  # a long step
+        time.sleep(1.0)  # claimed and under way (hundreds of micro-batches)
+        proc.send_signal(signal.SIGTERM)
+        t0 = time.monotonic()
+        finish(proc, run)
+        assert time.monotonic() - t0 < 5.0, "the stop took longer than honcho waits"
+        text = log.read_text()
+        assert "trainer_step_abandoned" in text, text[-3000:]
+        assert [line["step"] for line in step_lines(run)] == [1]
+        state = final_state(run)
+        assert state["step"] == 1 and state["last_seq"] == 1  # step 1 kept, batch 2 not
+        assert FileSpool(run / "spool").acked_seq() == 1
+        finish(start(run, "--max-steps", "2"), run, timeout=300)
+    assert [line["step"] for line in step_lines(run)] == [1, 2]
+    assert final_state(run)["last_seq"] == 2

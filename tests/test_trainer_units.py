@@ -226,3 +226,25 @@ def test_publish_refuses_endpoint_mixes_that_cannot_share_a_model_name():
         artifact_kind(cfg(VllmLoraSwap()), TrainerConfig(mode="full"))
     with pytest.raises(PublishConfigError, match="no endpoint"):
         artifact_kind(cfg(), TrainerConfig())
+
+
+def test_checkpoint_retention_keeps_the_newest_and_one_per_period(tmp_path):
+    """keep_checkpoints newest, plus (keep_checkpoint_every_hours) the first of each period."""
+    import os
+
+    from trainer.checkpoint import STATE_FILE, Checkpointer
+
+    ck = Checkpointer.__new__(Checkpointer)
+    ck.dir, ck.keep, ck.keep_every_s = tmp_path, 2, 3600.0
+    hour = 1_800_000_000 // 3600 * 3600
+    for step, at in enumerate([0, 600, 1200, 4000, 4100, 8000, 8100, 8200], start=1):
+        d = tmp_path / f"step-{step:09d}-seq-{step:012d}"
+        d.mkdir()
+        (d / STATE_FILE).write_text("{}")
+        os.utime(d / STATE_FILE, (hour + at, hour + at))
+    ck._prune(keep_name="step-000000008-seq-000000000008")
+    kept = sorted(int(p.name[5:14]) for p in tmp_path.glob("step-*"))
+    assert kept == [1, 4, 6, 7, 8]  # first of hours 0, 1, 2; and the newest two
+    ck.keep_every_s = 0.0
+    ck._prune(keep_name="step-000000008-seq-000000000008")
+    assert sorted(int(p.name[5:14]) for p in tmp_path.glob("step-*")) == [7, 8]

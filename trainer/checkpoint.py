@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -41,6 +42,7 @@ log = get_logger("trainer.checkpoint")
 
 STATE_FILE = "trainer_state.json"
 LATEST = "latest.json"
+LINEAGE = "lineage.json"
 FORMAT = 2
 
 
@@ -68,16 +70,22 @@ class TrainerState:
 
 
 class Checkpointer:
-    def __init__(self, root: Path, d: Dist, *, lora: bool, keep: int) -> None:
+    def __init__(self, root: Path, d: Dist, *, lora: bool, keep: int,
+                 keep_every_s: float = 0.0) -> None:
         self.dir = Path(root) / "checkpoints"
-        self.d, self.keep = d, keep
+        self.d, self.keep, self.keep_every_s = d, keep, keep_every_s
         # LoRA: only the adapter and its optimizer state; the base comes from the checkpoint.
         self.options = StateDictOptions(ignore_frozen_params=lora)
         self.lora = lora
         self.load_options = StateDictOptions(ignore_frozen_params=lora, strict=not lora)
         if d.is_main:
             self.dir.mkdir(parents=True, exist_ok=True)
+            if not (self.dir / LINEAGE).is_file():
+                atomic_write_json(self.dir / LINEAGE, {"id": uuid.uuid4().hex})
         dist.barrier()
+        # This checkpoint directory's identity, written into current.json at each publish: a
+        # restart whose checkpoint is behind the published version knows that version is its own.
+        self.lineage = str(json.loads((self.dir / LINEAGE).read_text())["id"])
 
     def latest(self) -> Path | None:
         try:
@@ -146,7 +154,19 @@ class Checkpointer:
         return msd, osd
 
     def _prune(self, keep_name: str) -> None:
+        """The newest `keep` checkpoints stay, and with `keep_every_s` the first of each such
+        period (by the time its state was written)."""
         done = sorted(p for p in self.dir.glob("step-*") if p.is_dir() and p.suffix != ".tmp")
+        periods: set[int] = set()
         for old in done[: max(0, len(done) - self.keep)]:
-            if old.name != keep_name:
-                shutil.rmtree(old, ignore_errors=True)
+            if old.name == keep_name:
+                continue
+            if self.keep_every_s:
+                try:
+                    period = int((old / STATE_FILE).stat().st_mtime // self.keep_every_s)
+                except OSError:
+                    period = None
+                if period is not None and period not in periods:
+                    periods.add(period)
+                    continue
+            shutil.rmtree(old, ignore_errors=True)

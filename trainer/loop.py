@@ -7,12 +7,15 @@ what happens next (claim batch N, step, wait, stop) and every rank follows.
   samples wait -> one step (trainer/step.py: pack -> split across ranks -> micro-batches ->
   forward/backward -> clip -> AdamW step) -> its samples are done
 Every `publish_every_steps` steps: export version N (trainer/export.py: collective gather,
-rank 0 writes `weights/vN` atomically) -> checkpoint (always on a publish step, so a committed
-checkpoint at step s implies version s / k is on disk) -> rank 0 pushes vN to every endpoint
-and writes `current.json`. A restart whose current.json is behind its checkpoint pushes that
-version again from disk, so a crash between the checkpoint and current.json loses no version
-either. The spool is acknowledged only up to the last batch a committed checkpoint holds
-wholly; it is marked taken (the daemon's back-pressure) as soon as a batch is claimed.
+rank 0 writes `weights/vN` atomically) -> rank 0 pushes vN to every endpoint and writes
+`current.json` (naming the checkpoint lineage). Every `checkpoint_every_steps` steps or
+`checkpoint_every_minutes`, and at a clean stop, a checkpoint; a publish does not force one (a
+20 MB LoRA checkpoint a step is 1.4 GB an hour of writes on the embedded default). A restart
+whose checkpoint is behind the published version (same lineage) trains the steps after the
+checkpoint again from the same unacknowledged batches and does not publish those versions
+again; one whose current.json is behind its checkpoint pushes that version again from disk.
+The spool is acknowledged only up to the last batch a committed checkpoint holds wholly; it is
+marked taken (the daemon's back-pressure) as soon as a batch is claimed.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import torch
 from spade_async.core.config import SpadeConfig, checkpoint_dir
 from spade_async.core.config.trainer import TrainerConfig, trainer_root
 from spade_async.core.logs import get_logger
-from spade_async.core.policy import current_version, version_dir, weights_dir
+from spade_async.core.policy import current_version, read_current, version_dir, weights_dir
 from spade_async.core.rolling import Retention, rolling
 from spade_async.core.spool.batch import Batch, SpoolError
 from spade_async.core.spool.files import FileSpool
@@ -63,9 +66,9 @@ class Trainer:
         self.publishing = tcfg.publish_every_steps > 0
         self.kind = artifact_kind(cfg, tcfg) if self.publishing else None
         self.stop_requested = False
-        # True while a step may be abandoned at once on SIGTERM/SIGINT: one rank, and nothing
-        # trained since the last checkpoint, so dropping the step loses nothing (its samples'
-        # batches are not acknowledged and are trained again on restart). See launcher.main.
+        # True while a step may be abandoned at once on SIGTERM/SIGINT: one rank, and the
+        # weights not yet changed by it, so the stop checkpoints the steps before it and its
+        # samples are trained on the next start. See launcher.main.
         self.interruptible = False
         self.pending: tuple[int, Path] | None = None  # a version not yet served everywhere
         self.next_publish_try = 0.0
@@ -82,12 +85,13 @@ class Trainer:
         self.runner = StepRunner(tcfg, d, self.base_dir, model_dtype=self.cfg.model.dtype)
         if d.is_main:
             log.info("trainer_precision", **self.runner.precision.as_dict())
-        self.ckpt = Checkpointer(self.root, d, lora=self.runner.lora, keep=tcfg.keep_checkpoints)
+        self.ckpt = Checkpointer(self.root, d, lora=self.runner.lora, keep=tcfg.keep_checkpoints,
+                                 keep_every_s=tcfg.keep_checkpoint_every_hours * 3600.0)
         self.state = self.ckpt.load(self.runner.model, self.runner.optim)
         self.batches = OpenBatches.from_json(self.state.last_seq, self.state.open)
         self.buffer = SampleBuffer(tcfg, self.runner.role_weights, self.batches)
         self._dirty = False  # claimed, trained or dropped since the last checkpoint
-        self._dirty_trained = False  # trained since the last checkpoint (a step to keep)
+        self._last_checkpoint = (self.state.step, time.monotonic())
         self.version = self.state.step // tcfg.publish_every_steps if self.publishing else 0
         self.spool = FileSpool(self.cfg.paths.data_dir / "spool")
         self._metrics = rolling(self.root / "metrics.jsonl", Retention.of(self.cfg.retention))
@@ -96,6 +100,7 @@ class Trainer:
             if self.publishing and d.is_main:
                 self.publisher = stack.enter_context(Publisher(self.cfg, tcfg,
                                                                **self._transfers()))
+                self.publisher.lineage = self.ckpt.lineage
             self._resume_publish()
             self._generation(True)  # a server a crashed trainer left paused generates again
             log.info("trainer_started", rank=d.rank, world_size=d.world_size, mode=tcfg.mode,
@@ -126,9 +131,12 @@ class Trainer:
                 try:
                     self._train(plan)
                 except StepInterrupted:
+                    self.runner.optim.zero_grad(set_to_none=True)
                     log.info("trainer_step_abandoned", step=self.state.step,
                              samples=len(plan.samples),
                              note="not acknowledged: trained again on restart")
+                    if self._dirty:  # the steps before it are kept (the weights are theirs)
+                        self._checkpoint()
                     return self.state
             if self._dirty:
                 self._checkpoint()  # a clean stop keeps everything it consumed
@@ -188,19 +196,26 @@ class Trainer:
             st.dropped[k] = st.dropped.get(k, 0) + v
         if not plan.samples:
             return
-        self.interruptible = self.d.world_size == 1 and not self._dirty_trained
+        # Until the weights change the step may be dropped on a stop (one rank: the others
+        # would wait in a collective): its samples are not done, so the stop's checkpoint
+        # leaves them to the next start.
+        self.interruptible = self.d.world_size == 1
+
+        def closing() -> None:
+            self.interruptible = False
+
         self._generation(False)
         try:
             if self.interruptible and self.stop_requested:
                 raise StepInterrupted
-            result = self.runner.step(plan.samples, step_index=st.step)
+            result = self.runner.step(plan.samples, step_index=st.step, before_update=closing)
         except BaseException:
             self._generation(True)
             raise
         finally:
             self.interruptible = False
         self.buffer.done(plan.samples)
-        self._dirty = self._dirty_trained = True
+        self._dirty = True
         st.step += 1
         st.samples += result.samples
         st.tokens += int(result.metrics["tokens"])
@@ -227,10 +242,16 @@ class Trainer:
         }
         publish = self.publishing and st.step % tcfg.publish_every_steps == 0
         path = None
+        if publish and st.step // tcfg.publish_every_steps <= self.version:
+            # retrained after a restart behind the published version: that version is served
+            # already (from these samples), so it is not made or pushed again
+            line["publish"] = {"version": st.step // tcfg.publish_every_steps, "ok": True,
+                               "skipped": f"published before the restart (v{self.version})"}
+            publish = False
         if publish:
             version = st.step // tcfg.publish_every_steps
             path = self._export(version)
-        if publish or st.step % tcfg.checkpoint_every_steps == 0:
+        if self._checkpoint_due():
             self._checkpoint()
         if publish:
             assert path is not None
@@ -248,11 +269,21 @@ class Trainer:
         if self.tcfg.phases == "alternate" and self.publisher is not None:
             self.publisher.generation(on)
 
+    def _checkpoint_due(self) -> bool:
+        """`checkpoint_every_steps` steps or `checkpoint_every_minutes` since the last one.
+        A publish does not force one: version N's weights are on disk (weights/vN), and a
+        restart from an older checkpoint trains the steps after it again."""
+        steps, at = self._last_checkpoint
+        minutes = self.tcfg.checkpoint_every_minutes
+        return (self.state.step - steps >= self.tcfg.checkpoint_every_steps
+                or (minutes > 0 and time.monotonic() - at >= minutes * 60.0))
+
     def _checkpoint(self) -> None:
         st = self.state
         st.last_seq, st.open = self.batches.last_seq, self.batches.as_json()
         self.ckpt.save(self.runner.model, self.runner.optim, st)
-        self._dirty = self._dirty_trained = False
+        self._dirty = False
+        self._last_checkpoint = (st.step, time.monotonic())
         if self.d.is_main:
             # Only now may the spool let go of what this checkpoint holds.
             self.spool.ack(self.state.last_seq)
@@ -290,6 +321,16 @@ class Trainer:
         if not self.publishing:
             return
         published = current_version(self.cfg.paths.data_dir)  # every rank: one shared decision
+        if published > self.version and self._own_version(published):
+            # Published after this checkpoint, by this lineage: the steps since are trained
+            # again (from the same unacknowledged batches) and the versions up to `published`
+            # are not published again; the servers keep serving it.
+            log.info("resumed_behind_published", checkpoint_version=self.version,
+                     published=published, step=self.state.step)
+            self.version = published
+            if self.d.is_main and self.publisher is not None:
+                self.publisher.adopt_server_state(self.version)
+            return
         if published > self.version:
             raise RuntimeError(
                 f"{self.weights / 'current.json'} names version {published}, but the latest "
@@ -307,6 +348,11 @@ class Trainer:
             self.publisher.adopt_server_state(self.version)
             log.info("republishing_after_restart", version=self.version, published=published)
             self._publish(self.version, path, started=time.perf_counter())
+
+    def _own_version(self, published: int) -> bool:
+        """current.json names a version this checkpoint lineage published (not another run's)."""
+        current = read_current(self.cfg.paths.data_dir) or {}
+        return current.get("lineage") == self.ckpt.lineage
 
     def _publish(self, version: int, path: Path, *, started: float) -> dict[str, Any]:
         assert self.publisher is not None

@@ -90,6 +90,7 @@ class Publisher:
         group (one each: see trainer/nccl_transfer.py); `server_version_check(version,
         endpoint)` raises when a vllm-nccl server's vLLM is not the trainer's."""
         self.cfg, self.tcfg = cfg, tcfg
+        self.lineage: str | None = None  # the trainer's checkpoint lineage, into current.json
         self.kind = artifact_kind(cfg, tcfg)
         self.data_dir = cfg.paths.data_dir
         self.root = weights_dir(self.data_dir)
@@ -246,7 +247,8 @@ class Publisher:
         model = self.model_name(version)
         write_current(self.data_dir, {
             "version": version, "model": model, "path": str(path),
-            "endpoints": sorted(swap_s), "published_at": time.time()})
+            "endpoints": sorted(swap_s), "published_at": time.time(),
+            **({"lineage": self.lineage} if self.lineage else {})})
         report = PublishReport(version, model, time.perf_counter() - t0, swap_s, attempts)
         log.info("version_published", version=version, model=model,
                  seconds=round(report.seconds, 4), endpoints=swap_s)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -115,8 +116,11 @@ class StepRunner:
         return [micro_batches(share, t.micro_batch_tokens)
                 for share in split_across_ranks(samples, d.world_size)]
 
-    def step(self, samples: list[TrainSample], *, step_index: int) -> StepResult:
-        """One optimizer step on the whole (global) list; every rank passes the same list."""
+    def step(self, samples: list[TrainSample], *, step_index: int,
+             before_update: Callable[[], None] | None = None) -> StepResult:
+        """One optimizer step on the whole (global) list; every rank passes the same list.
+        `before_update` is called once the gradients are in, before the weights change (the
+        trainer ends the window in which a stop may drop the step there)."""
         t0 = time.perf_counter()
         d = self.d
         plans = self._plans(samples)
@@ -161,6 +165,8 @@ class StepRunner:
                 (loss * d.world_size).backward()
             if part:
                 metrics.add(m)
+        if before_update is not None:
+            before_update()
         grad_norm = clip_grad_norm(self.params, self.tcfg.grad_clip)
         self.optim.step()
         sums, maxs = metrics.vectors()

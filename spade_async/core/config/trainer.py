@@ -133,8 +133,17 @@ class TrainerConfig(Strict):
     checkpoint_dir: Path | None = Field(None, description="checkpoints, metrics log; default "
                                         "data_dir/trainer")
     checkpoint_every_steps: int = Field(10, ge=1, description="optimizer steps between "
-                                        "checkpoints (publish steps always checkpoint too)")
-    keep_checkpoints: int = Field(2, ge=1, description="committed checkpoints kept on disk")
+                                        "checkpoints (publishes do not force one: a restart "
+                                        "trains the steps after its checkpoint again and does "
+                                        "not publish the versions it had published)")
+    checkpoint_every_minutes: float = Field(10.0, ge=0, description="a checkpoint also once "
+                                            "this long has passed since the last one (0: by "
+                                            "steps only)")
+    keep_checkpoints: int = Field(2, ge=1, description="committed checkpoints kept on disk "
+                                  "(the newest)")
+    keep_checkpoint_every_hours: float = Field(0.0, ge=0, description="besides the newest, "
+                                               "keep the first checkpoint of every this many "
+                                               "hours (0: none)")
     publish_every_steps: int = Field(1, ge=0, description="publish version N = step / this "
                                      "every this many steps (0: never publish)")
     keep_versions: int = Field(6, ge=1, description="published weight directories kept; vLLM "
