@@ -212,17 +212,23 @@ class MemoryReads:
         p = pool_distribution(pool, clock, self.cfg.replay)
         return {s.id: float(x) for s, x in zip(pool, p, strict=True)}
 
-    async def export(self, *, code: bool = True,
-                     embeddings: bool = False) -> AsyncIterator[dict[str, Any]]:
-        """Every environment (accepted and rejected) with its stats (aggregated) and its
-        variants (most played first), oldest first."""
+    async def export(self, *, code: bool = True, embeddings: bool = False,
+                     status: str | None = None) -> AsyncIterator[dict[str, Any]]:
+        """Every environment (accepted and rejected, or those of `status`, filtered in the
+        table scan) with its stats (aggregated) and its variants (most played first), oldest
+        first."""
+        if status is not None and status not in ("accepted", "rejected"):
+            raise ValueError(f"status {status!r}: accepted or rejected")
         stats = await self._stats_for()
         variants: dict[str, list[VariantStats]] = {}
         for v in sorted(await self._variant_rows(), key=lambda v: (-v.episodes, v.id)):
             variants.setdefault(v.env_id, []).append(v)
         cols = RECORD_COLUMNS + (["code"] if code else []) + (["embedding"] if embeddings else [])
         with anyio.fail_after(self.cfg.db_timeout_s):
-            rows = (await self.tables.envs.query().select(cols).to_arrow()).to_pylist()
+            query = self.tables.envs.query()
+            if status is not None:
+                query = query.where(f"status = '{status}'")
+            rows = (await query.select(cols).to_arrow()).to_pylist()
         rows.sort(key=lambda r: (r["created_at"], r["id"]))
         for r in rows:
             d = record_from_row(r, stats.get(r["id"]), code=code).as_dict()

@@ -106,6 +106,11 @@ async def test_search_filters_by_status_tags_and_source(tmp_path):
             "env-1"}
         assert {h.record.name for h in await mem.search("maze", status="rejected")} == {"env-3"}
         assert len(await mem.search("maze", status=None)) == 3
+        # export filters by status in the scan (the edit move reads accepted code only)
+        assert sorted([r["name"] async for r in mem.export(status="accepted")]) == ["env-1", "env-2"]
+        assert [r["name"] async for r in mem.export(status="rejected")] == ["env-3"]
+        with pytest.raises(ValueError, match="accepted or rejected"):
+            [r async for r in mem.export(status="x")]
 
 
 # ---- novelty ------------------------------------------------------------------------------

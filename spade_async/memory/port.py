@@ -83,7 +83,7 @@ class LanceMemoryPort:
 
     async def fixed_pool(self) -> list[StoredEnv]:
         return [StoredEnv(r["id"], r["code"] or "", r["name"])
-                async for r in self.mem.export(code=True) if r["status"] == "accepted"]
+                async for r in self.mem.export(code=True, status="accepted")]
 
     async def sample_replay(self) -> StoredEnv | None:
         """Accepted environments never played (the bootstrap seeds, or a design whose play a
