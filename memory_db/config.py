@@ -90,6 +90,10 @@ class MemoryConfig(_Strict):
     read_consistency_s: float = Field(0.0, ge=0, description="how stale a read may be: 0 checks "
                                       "for other processes' commits on every read")
     db_timeout_s: float = Field(60.0, gt=0, description="deadline of one database call")
+    rejected_code_keep_days: float = Field(
+        7.0, ge=0, description="a rejected design keeps its code this long; then the upkeep "
+        "blanks it (its id, the code's hash, its reason and embedding stay for the novelty "
+        "check and the counts). 0: kept forever")
     replay: ReplayConfig = Field(default_factory=ReplayConfig)
     writer: WriterConfig = Field(default_factory=WriterConfig)
     index: IndexConfig = Field(default_factory=IndexConfig)

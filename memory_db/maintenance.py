@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 import time
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import anyio
@@ -48,6 +48,7 @@ class Maintenance:
             report["index"] = await self._train_index(rows)
         if optimize:
             t0 = time.perf_counter()
+            report["rejected_code_dropped"] = await self._drop_rejected_code()
             keep = timedelta(seconds=self.cfg.keep_versions_s)
             for name, table in (("envs", self.t.envs), ("stats", self.t.stats),
                                 ("meta", self.t.meta)):
@@ -58,6 +59,19 @@ class Maintenance:
             self.postpone()
             log.info("memory_optimized", **report)
         return report
+
+    async def _drop_rejected_code(self) -> int:
+        """Blank the code of rejected designs older than `rejected_code_keep_days`: over a
+        week most rows are rejected designs, and their code is what makes them big."""
+        days = self.cfg.rejected_code_keep_days
+        if not days:
+            return 0
+        cut = (datetime.now(UTC) - timedelta(days=days)).strftime("%Y-%m-%dT%H:%M:%S")
+        with anyio.fail_after(self.cfg.db_timeout_s):
+            result = await self.t.envs.update(
+                updates={"code": ""},
+                where=f"status = 'rejected' AND created_at < TIMESTAMP '{cut}' AND code <> ''")
+        return int(getattr(result, "rows_updated", 0) or 0)
 
     async def _train_index(self, rows: int) -> dict[str, Any]:
         icfg = self.cfg.index

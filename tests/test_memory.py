@@ -379,3 +379,18 @@ async def test_writes_fail_fast_once_the_writer_is_gone_or_absent(tmp_path):
         with pytest.raises(MemoryClosed, match="read-only"):
             await reader.record_episodes("0" * 16, unhinted=[1.0])
         assert await reader.count() == 1
+
+
+async def test_upkeep_drops_old_rejected_code_and_keeps_the_row(tmp_path):
+    """Past `rejected_code_keep_days` a rejected design's code is blanked by the upkeep; its
+    row (id = the code's hash, reason, embedding) stays, and accepted code is never touched."""
+    cfg = hash_cfg(rejected_code_keep_days=0.5 / 86400)  # half a second
+    async with open_memory(cfg, str(tmp_path / "m")) as mem:
+        await mem.insert_many([env(1, "kept task"), env(2, "old reject", rejected_reason="x: y")])
+        await anyio.sleep(0.6)
+        await mem.insert(env(3, "new reject", rejected_reason="x: z"))
+        report = await mem.maintain(optimize=True, index="skip")
+        rows = {r["name"]: r async for r in mem.export(code=True)}
+    assert report["rejected_code_dropped"] == 1
+    assert rows["env-2"]["code"] == "" and rows["env-2"]["reason"] == "x: y"
+    assert rows["env-1"]["code"] and rows["env-3"]["code"]
