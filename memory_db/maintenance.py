@@ -66,7 +66,7 @@ class Maintenance:
         days = self.cfg.rejected_code_keep_days
         if not days:
             return 0
-        cut = (datetime.now(UTC) - timedelta(days=days)).strftime("%Y-%m-%dT%H:%M:%S")
+        cut = (datetime.now(UTC) - timedelta(days=days)).strftime("%Y-%m-%dT%H:%M:%S.%f")
         with anyio.fail_after(self.cfg.db_timeout_s):
             result = await self.t.envs.update(
                 updates={"code": ""},

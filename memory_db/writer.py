@@ -24,6 +24,7 @@ import anyio
 import numpy as np
 import structlog
 from anyio.abc import TaskStatus
+from lancedb.index import BTree
 
 from memory_db.config import MemoryConfig
 from memory_db.maintenance import Maintenance
@@ -67,9 +68,19 @@ class Writer:
         self.family = {r["id"]: (r["env_id"], r["params"]) for r in stat_rows}
         # the status column's index rides along with the embedding's
         self.upkeep.has_index = any(ix.columns == ["embedding"] for ix in indices)
+        await self._id_indexes(indices)
         # a crash between the stats commit and the clock's leaves the clock behind: catch up
         ticks = [s.last_tick for s in self.stats.values() if s.last_tick is not None]
         self.clock = max(self.clock, max(ticks, default=-1) + 1)
+
+    async def _id_indexes(self, env_indices: list[Any]) -> None:
+        """A BTree on each table's id, the key of every merge_insert and point read (without
+        it each upsert scans the table); created once, kept current by optimize()."""
+        with anyio.fail_after(self.cfg.db_timeout_s):
+            stat_indices = await self.t.stats.list_indices()
+            for table, indices in ((self.t.envs, env_indices), (self.t.stats, stat_indices)):
+                if not any(ix.columns == ["id"] for ix in indices):
+                    await table.create_index("id", config=BTree())
 
     @property
     def accepted(self) -> set[str]:

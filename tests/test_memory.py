@@ -308,7 +308,9 @@ async def test_index_is_trained_when_large_and_retrained_as_rows_grow(tmp_path):
         await mem.insert_many([env(i, t, check_novelty=False) for i, t in enumerate(texts[:300])])
         await barrier()
         indices = await mem.tables.envs.list_indices()
-        assert sorted(ix.columns for ix in indices) == [["embedding"], ["status"]]
+        # the vector index and the status bitmap once trained; the id BTree from the start
+        assert sorted(ix.columns for ix in indices) == [["embedding"], ["id"], ["status"]]
+        assert [ix.columns for ix in await mem.tables.stats.list_indices()] == [["id"]]
         assert (await read_meta(mem.tables.meta))["index_trained_rows"] == 300
         await mem.insert_many([env(i, t, check_novelty=False)
                                for i, t in enumerate(texts[300:500], 300)])
