@@ -48,6 +48,8 @@ class Writer:
         self.known: dict[str, tuple[str, str]] = {}  # id -> (status, reason)
         self.stats: dict[str, EnvStats] = {}  # variant id -> its stats
         self.family: dict[str, tuple[str, str]] = {}  # variant id -> (env_id, canonical params)
+        self.env_of: dict[str, str] = {}  # variant id -> env_id (the replay pool's join)
+        self._accepted: set[str] = set()  # kept with `known`: a draw must not scan every row
         self.clock = self.clock_saved = int(tables.info.get("replay_tick", 0))
         self.upkeep = Maintenance(cfg, tables, dim)
         self.commits = 0
@@ -66,6 +68,8 @@ class Writer:
         stat_rows = stats.to_pylist()
         self.stats = {r["id"]: stats_from_row(r) for r in stat_rows}
         self.family = {r["id"]: (r["env_id"], r["params"]) for r in stat_rows}
+        self.env_of = {vid: env for vid, (env, _) in self.family.items()}
+        self._accepted = {i for i, (s, _) in self.known.items() if s == "accepted"}
         # the status column's index rides along with the embedding's
         self.upkeep.has_index = any(ix.columns == ["embedding"] for ix in indices)
         await self._id_indexes(indices)
@@ -84,7 +88,7 @@ class Writer:
 
     @property
     def accepted(self) -> set[str]:
-        return {i for i, (s, _) in self.known.items() if s == "accepted"}
+        return self._accepted
 
     # ---- producers -----------------------------------------------------------------------
 
@@ -250,7 +254,7 @@ class Writer:
                     and ops[j].payload.env.rejected_reason is None]
         vectors = [ops[j].payload.vector for j in to_check]
         found = (await nearest_accepted(self.t.envs, self.cfg, vectors)
-                 if any(s == "accepted" for s, _ in self.known.values())
+                 if self._accepted
                  else [None] * len(vectors))
         nearest = dict(zip(to_check, found, strict=True))
         novelty = BatchNovelty(self.cfg.novelty_threshold)
@@ -275,6 +279,8 @@ class Writer:
                 await self.t.envs.add(envs_table(rows, now, self.dim))
             for _, res in rows:
                 self.known[res.id] = (res.status, res.reason)
+                if res.status == "accepted":
+                    self._accepted.add(res.id)
         for op, res in zip(ops, results, strict=True):
             op.finish(res)
         if rows:
@@ -291,6 +297,7 @@ class Writer:
             vid = rec.variant_id
             # set before the commit; harmless if it fails: the same variant maps the same way
             self.family[vid] = (rec.env_id, rec.params)
+            self.env_of[vid] = rec.env_id
             prev = dirty.get(vid) or self.stats.get(vid) or EnvStats(id=vid)
             new = update_stats(prev, rec.episodes, alpha=self.cfg.ema_alpha, now=now)
             if new.last_tick is None and rec.episodes.scored:  # first play: a replay visit
@@ -300,11 +307,9 @@ class Writer:
             op.result = new  # finished once the stats commit
 
     async def _samples(self, ops: list[Op], dirty: dict[str, EnvStats]) -> None:
-        accepted = self.accepted
-        family = {vid: env for vid, (env, _) in self.family.items()}
         for op in ops:
             u = op.payload.u
-            pool = replay_pool({**self.stats, **dirty}, accepted, family)
+            pool = replay_pool({**self.stats, **dirty}, self._accepted, self.env_of)
             if not pool:
                 op.finish(None)
                 continue
