@@ -68,6 +68,26 @@ def test_env_override_indexes_arrays_of_tables(tmp_path):
         load_config(f, environ={"SPADE__ENDPOINTS__2__BASE_URL": "http://x"})
 
 
+def test_env_override_sets_arrays_and_tables_inline(tmp_path):
+    """Clusters pass config by environment: lists and tables inline (TOML or JSON), a whole
+    table of an array replaced or appended, so a manifest needs no TOML edits."""
+    f = tmp_path / "one.toml"
+    f.write_text('[[endpoints]]\nname = "a"\nbase_url = "http://a"\n')
+    cfg = load_config(f, environ={
+        "SPADE__DAEMON__BOOTSTRAP_FAMILIES": '["arithmetic"]',
+        "SPADE__EVAL__PROBE_VARIANTS": '[{"family": "arithmetic", "params": {"digits": 1}}]',
+        "SPADE__ENDPOINTS__1": '{name = "b", base_url = "http://b:8002", max_concurrency = 4}',
+        "SPADE__DAEMON__MOVES": "{write = 1.0, edit = 0.0}"})
+    assert cfg.daemon.bootstrap_families == ["arithmetic"]
+    assert cfg.eval.probe_variants[0].params == {"digits": 1}
+    assert [(e.name, e.max_concurrency) for e in cfg.endpoints][1] == ("b", 4)
+    assert cfg.daemon.moves == {"write": 1.0, "edit": 0.0}
+    with pytest.raises(ConfigError, match="names a whole table"):
+        load_config(f, environ={"SPADE__ENDPOINTS__0": "http://x"})
+    with pytest.raises(ConfigError, match="bootstrap_families"):  # not a list: named by key
+        load_config(f, environ={"SPADE__DAEMON__BOOTSTRAP_FAMILIES": "[arithmetic"})
+
+
 def test_config_shell_gives_the_inference_script_its_settings():
     import subprocess
     import sys

@@ -3,6 +3,7 @@ and pydantic's errors translated into one ConfigError naming the key and the fil
 
 from __future__ import annotations
 
+import json
 import os
 import tomllib
 from pathlib import Path
@@ -17,22 +18,53 @@ from spade_async.core.config.seeds import SEEDS_CONTEXT_KEY, SeedCatalog
 ENV_PREFIX = "SPADE__"
 
 
+def _env_value(value: str) -> Any:
+    """A value that starts with `[` or `{` is a TOML inline array or table (JSON reads the
+    same way, `null` aside): SPADE__DAEMON__BOOTSTRAP_FAMILIES='["arithmetic"]',
+    SPADE__EVAL__PROBE_VARIANTS='[{family = "arithmetic", params = {digits = 1}}]'. Anything
+    else (or text that does not parse as one) stays a string, which the model converts or
+    refuses by key."""
+    text = value.strip()
+    if not text.startswith(("[", "{")):
+        return value
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        pass
+    try:
+        return json.loads(text)
+    except ValueError:
+        return value
+
+
 def _apply_env_overrides(data: dict, environ: dict[str, str]) -> dict:
     """SPADE__MODEL__SERVED_NAME=x sets data["model"]["served_name"] = "x" (validated later);
-    a number indexes a list of tables: SPADE__ENDPOINTS__0__BASE_URL=http://h:8001."""
-    for key, value in sorted(environ.items()):
+    a number indexes a list of tables: SPADE__ENDPOINTS__0__BASE_URL=http://h:8001; arrays and
+    tables are written inline (`_env_value`), a whole one at a time:
+    SPADE__ENDPOINTS__1='{name = "b", base_url = "http://h:8002"}' replaces (or, one past the
+    end, appends) that table."""
+    for key, raw in sorted(environ.items()):
         if not key.startswith(ENV_PREFIX):
             continue
+        value = _env_value(raw)
         parts = [p.lower() for p in key[len(ENV_PREFIX) :].split("__")]
         node: Any = data
         for i, part in enumerate(parts):
             last = i == len(parts) - 1
             if isinstance(node, list):
-                if not part.isdigit() or int(part) >= len(node):
+                appends = last and part.isdigit() and int(part) == len(node)
+                if not part.isdigit() or (int(part) >= len(node) and not appends):
                     raise ConfigError(f"env override {key}: '{part}' is not an index of "
                                       f"{'.'.join(parts[:i])} (it has {len(node)} entries)")
                 if last:
-                    raise ConfigError(f"env override {key}: names a whole table, not a key")
+                    if not isinstance(value, dict):
+                        raise ConfigError(f"env override {key}: names a whole table; give it "
+                                          "inline, e.g. '{name = \"x\", base_url = \"...\"}'")
+                    if appends:
+                        node.append(value)
+                    else:
+                        node[int(part)] = value
+                    break
                 node = node[int(part)]
             elif isinstance(node, dict):
                 if last:
