@@ -64,6 +64,45 @@ async def test_least_in_flight_routing_respects_each_limit(servers):
     assert len(seen) == 16
 
 
+async def test_episodes_stay_on_their_server_while_it_can_take_them(servers):
+    """Many concurrent multi-turn "episodes", each turn preferring the episode's server (its
+    prefix cache): with room on it no turn switches, and load still spreads over both; a
+    preferred server with no free slot is left for the least loaded one."""
+    for s in servers:
+        s.state.request_latency_s = 0.02
+    cfgs = [_cfg(servers[0], "a", limit=8), _cfg(servers[1], "b", limit=8)]
+    async with EndpointPool(cfgs, FAST) as pool:
+        switches: list[int] = []
+        homes: list[str] = []
+
+        async def episode(turns: int) -> None:
+            where, moved = None, 0
+            for _ in range(turns):
+                out = await pool.chat(MSG, model="policy", max_tokens=2, prefer=where)
+                moved += where is not None and out.endpoint != where
+                where = where or out.endpoint
+            switches.append(moved)
+            homes.append(where)
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(12):
+                tg.start_soon(episode, 5)
+        assert switches == [0] * 12 and set(homes) == {"a", "b"}
+
+        # "a" full (8 slow requests pinned there by preference): the next turn goes to "b"
+        servers[0].state.request_latency_s = 0.5
+
+        async def on_a() -> None:
+            await pool.chat(MSG, model="policy", max_tokens=2, prefer="a")
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(8):
+                tg.start_soon(on_a)
+            await anyio.sleep(0.1)
+            out = await pool.chat(MSG, model="policy", max_tokens=2, prefer="a")
+        assert out.endpoint == "b" and servers[0].state.max_in_flight == 8
+
+
 async def test_5xx_is_retried_on_another_endpoint(servers):
     servers[0].state.fail_next = 100
     async with EndpointPool([_cfg(servers[0], "a"), _cfg(servers[1], "b")], FAST) as pool:

@@ -167,6 +167,7 @@ class EndpointPool:
         group: str | None = None,
         need: str | None = None,
         attempts: int | None = None,
+        prefer: str | None = None,
     ) -> tuple[str, Any]:
         """POST with routing and retries; returns (endpoint name, JSON body or `parse(body,
         endpoint)`). `attempts` caps the tries (default `pool.max_attempts`): 1 for a call
@@ -174,7 +175,8 @@ class EndpointPool:
 
         `endpoint` pins the request to one server (admin calls such as loading an adapter);
         otherwise `model` restricts routing to servers that serve it, `group` to one endpoint
-        group and `need` to servers with that path's capabilities. `work` sizes each
+        group and `need` to servers with that path's capabilities; `prefer` names the
+        server to stay on while it can take the request (sticky episodes). `work` sizes each
         attempt's timeout; `deadline_s` bounds the whole request, retries included. `parse`
         turns the body into the caller's result inside the attempt, so a malformed body is
         retried like any other transient failure.
@@ -203,7 +205,7 @@ class EndpointPool:
                     try:
                         ep = await self._router.acquire(
                             model, tried, group, need,
-                            refresh_models=self._health.refresh_models)
+                            refresh_models=self._health.refresh_models, prefer=prefer)
                     except TimeoutError:
                         errors.append(f"no endpoint up after {self.cfg.wait_for_endpoint_s}s")
                         raise fail(NoEndpointUp, "found no endpoint") from None
@@ -294,6 +296,7 @@ class EndpointPool:
         token_level: bool = True,
         tools: Sequence[dict[str, Any]] | None = None,
         group: str | None = None,
+        prefer: str | None = None,
     ) -> Completion:
         """One chat completion; `model` is the base name or a LoRA adapter's name.
         `token_level` asks for vLLM's ids and log-probs too (a hosted API may refuse those
@@ -307,7 +310,7 @@ class EndpointPool:
         _, out = await self.post(
             "/v1/chat/completions", payload, model=model, deadline_s=deadline_s,
             work=Work(chars // 4, max_tokens),  # ~4 characters a token, for sizing only
-            group=group, need=None if token_level else "chat",
+            group=group, need=None if token_level else "chat", prefer=prefer,
             parse=lambda body, name: parse_chat(body, name, model,
                                                  time.perf_counter() - start))
         return out
@@ -324,6 +327,7 @@ class EndpointPool:
         deadline_s: float | None = None,
         extra: dict[str, Any] | None = None,
         group: str | None = None,
+        prefer: str | None = None,
     ) -> Completion:
         """A completion continuing exactly `prompt_ids` (no server-side re-tokenization): the
         token-exact path for multi-turn episodes. Returns sampled ids and their log-probs.
@@ -334,7 +338,7 @@ class EndpointPool:
         start = time.perf_counter()
         _, out = await self.post(
             "/v1/completions", payload, model=model, deadline_s=deadline_s,
-            work=Work(len(prompt_ids), max_tokens), group=group, need="tokens",
+            work=Work(len(prompt_ids), max_tokens), group=group, need="tokens", prefer=prefer,
             parse=lambda body, name: parse_completion(body, name, model,
                                                        time.perf_counter() - start, prompt_ids))
         return out

@@ -115,7 +115,8 @@ class Router:
 
     async def acquire(self, model: str | None, exclude: set[str], group: str | None = None,
                       need: str | None = None, *,
-                      refresh_models: Callable[[float], Awaitable[None]]) -> Endpoint:
+                      refresh_models: Callable[[float], Awaitable[None]],
+                      prefer: str | None = None) -> Endpoint:
         """A slot on an endpoint of `group` (None: any) that serves `model` and has the
         capabilities of path `need` ("tokens" or "chat"; unknown until probed counts as
         having them). Raises TimeoutError after `wait_for_endpoint_s` without any endpoint
@@ -123,7 +124,9 @@ class Router:
         lack the path; while endpoints are up but every slot is taken (or rate-limited) the
         request queues (that is back-pressure, not an outage: the request deadline, if any,
         bounds it). When no endpoint up lists `model`, `refresh_models(asked_at)` re-lists
-        them once before the request fails with ModelNotServed."""
+        them once before the request fails with ModelNotServed. `prefer` (an episode's
+        endpoint so far) is taken whenever it is eligible and not excluded, so a multi-turn
+        episode stays on one server and reuses its prefix cache; otherwise the least loaded."""
         asked_at = time.monotonic()
         give_up_at = asked_at + self.cfg.wait_for_endpoint_s
         refreshed = False
@@ -136,7 +139,9 @@ class Router:
                           if self._eligible(ep, model, now, group, need)]
             preferred = [ep for ep in candidates if ep.name not in exclude] or candidates
             if preferred:
-                ep = min(preferred, key=lambda e: (not e.up, e.load(), e.in_flight))
+                sticky = [e for e in preferred if e.name == prefer and e.up]
+                ep = sticky[0] if sticky else min(
+                    preferred, key=lambda e: (not e.up, e.load(), e.in_flight))
                 ep.add_in_flight(1)
                 return ep
             up = [ep for ep in self.endpoints if ep.up

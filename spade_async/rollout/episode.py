@@ -79,6 +79,15 @@ class Episode:
     path: str = "tokens"  # tokens (ids, trainable) or chat (text: evaluation only)
     chat_completion_tokens: int = 0  # what the server reported sampling, on the chat path
     seconds: float = 0.0  # wall time of the try, requests and sandbox steps (the cost ledger)
+    # the server of its last turn, and how often a turn went to another server than the one
+    # before (requests prefer the episode's server: its prefix cache holds the turns so far)
+    endpoint: str | None = None
+    endpoint_switches: int = 0
+
+    def served_by(self, endpoint: str) -> None:
+        if self.endpoint is not None and endpoint != self.endpoint:
+            self.endpoint_switches += 1
+        self.endpoint = endpoint
 
     @property
     def sampled_tokens(self) -> int:
@@ -186,7 +195,9 @@ async def run_episode(
                                       temperature=cfg.temperature, top_p=cfg.top_p,
                                       seed=None if request_seed is None
                                       else request_seed + turn - 1,
-                                      deadline_s=cfg.request_deadline_s, group=group)
+                                      deadline_s=cfg.request_deadline_s, group=group,
+                                      prefer=ep.endpoint)
+            ep.served_by(out.endpoint)
             if list(out.prompt_token_ids) != ep.token_ids:
                 raise TokenMismatch(f"{out.endpoint} echoed a different prompt than it was sent "
                                     f"({len(out.prompt_token_ids)} vs {len(ep.token_ids)} ids)",
@@ -248,7 +259,9 @@ async def run_episode_chat(
         for turn in range(1, meta.max_turns + 1):
             out = await pool.chat(messages, model=model, max_tokens=cfg.max_tokens_per_turn,
                                   temperature=cfg.temperature, token_level=False, tools=tools,
-                                  group=group, deadline_s=cfg.request_deadline_s)
+                                  group=group, deadline_s=cfg.request_deadline_s,
+                                  prefer=ep.endpoint)
+            ep.served_by(out.endpoint)
             ep.chat_completion_tokens += out.completion_tokens
             call = out.tool_calls[0] if out.tool_calls else None
             if call is not None:
