@@ -69,6 +69,33 @@ def test_two_ranks_match_one_rank_after_a_step(one_rank, parallel):
     double = prepare(tmp, f"{parallel}-2", model, parallel)
     run_trainer(double, 2, "--max-steps", "1")
 
+    assert_same_step(single, double, model)
+
+
+def test_two_nodes_by_c10d_rendezvous_match_one_rank(one_rank):
+    """`torchrun --nnodes 2`: two node agents (here both on localhost) meet by c10d
+    rendezvous and train over gloo as one DDP group, reading one spool directory (the shared
+    filesystem of a real cluster): the same step as one rank."""
+    from spade_async.inference.launch import free_port
+
+    tmp, model, single = one_rank
+    double = prepare(tmp, "ddp-2-nodes", model, "ddp")
+    port = free_port()
+    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
+    procs = [subprocess.Popen(
+        [str(TORCHRUN), "--nnodes=2", f"--node-rank={rank}", "--nproc-per-node=1",
+         "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=spade-test",
+         "-m", "trainer", "--config", str(double / "cfg.toml"), "--trainer-config",
+         str(double / "trainer.toml"), "--max-steps", "1"],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for rank in (0, 1)]
+    for p in procs:
+        out, _ = p.communicate(timeout=240)
+        assert p.returncode == 0, f"node agent failed ({p.returncode}):\n{out[-4000:]}"
+    assert_same_step(single, double, model)
+
+
+def assert_same_step(single: Path, double: Path, model: Path) -> None:
     (m1,) = [json.loads(x) for x in (single / "trainer" / "metrics.jsonl").read_text().splitlines()]
     (m2,) = [json.loads(x) for x in (double / "trainer" / "metrics.jsonl").read_text().splitlines()]
     assert m1["tokens"] == m2["tokens"] > 0 and m1["samples"] == m2["samples"] == 10
