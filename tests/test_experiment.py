@@ -69,7 +69,9 @@ def test_two_arms_resume_after_kill_and_report(fake, checkpoint, tmp_path):
     scripted.state.token_latency_s = 0.002
     cfg = _config(tmp_path, scripted.base_url, checkpoint)
     exp = tmp_path / "data" / "experiments" / "two-arms"
-    env = dict(os.environ, HF_HUB_OFFLINE="1",
+    # set in the shell, as a systemd unit or a container sets it: the arms must still run in
+    # their own dirs (arm.toml's data dir wins; the runner says it left the variable out)
+    env = dict(os.environ, HF_HUB_OFFLINE="1", SPADE__PATHS__DATA_DIR=str(tmp_path / "data"),
                PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
     log = tmp_path / "runner.log"
     with open(log, "ab") as out:
@@ -101,6 +103,8 @@ def test_two_arms_resume_after_kill_and_report(fake, checkpoint, tmp_path):
                 except ProcessLookupError:
                     pass
     assert "following it again" in text, text[-3000:]
+    assert "SPADE__PATHS__DATA_DIR (paths.data_dir)" in text, text[-3000:]
+    assert not (tmp_path / "data" / "run").exists()  # nothing ran in the shared data dir
     state = _state(exp)
     assert [state["arm"][a]["status"] for a in ("spade", "fixed")] == ["done", "done"]
     assert state["arm"]["spade"]["runs"][0]["how"] == "budget"  # one run, followed twice
@@ -148,6 +152,21 @@ def test_two_arms_resume_after_kill_and_report(fake, checkpoint, tmp_path):
     res = subprocess.run([*SPADE, "experiment", "run", "-c", str(cfg), "--budget", "versions=3"],
                          cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert res.returncode == 2 and "budget versions=1, not" in res.stderr, res.stderr
+
+
+def test_an_arms_own_keys_win_over_the_environment():
+    from spade_async.experiment.layout import arm_environment
+
+    own = {"extends": "x.toml", "paths": {"data_dir": "/e/arms/a", "models_dir": "/m"},
+           "model": {"adapter_prefix": "policy-a"}, "daemon": {"mode": "fixed"}}
+    env = {"SPADE__PATHS__DATA_DIR": "/shared", "SPADE__DAEMON": "{mode = 'spade'}",
+           "SPADE__DAEMON__EDIT_BAND": "[0.1, 0.9]", "SPADE__TRAINER__LR": "1e-3",
+           "HOME": "/root"}
+    kept, dropped = arm_environment(env, own)
+    assert kept == {"SPADE__DAEMON__EDIT_BAND": "[0.1, 0.9]", "SPADE__TRAINER__LR": "1e-3",
+                    "HOME": "/root"}
+    assert dropped == [("SPADE__DAEMON", "daemon.mode"),
+                       ("SPADE__PATHS__DATA_DIR", "paths.data_dir")]
 
 
 def test_budgets_and_arms_are_checked_by_name():

@@ -7,6 +7,7 @@ evaluation the experiment asks for."""
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,35 @@ def arm_tables(cfg: SpadeConfig, config_path: Path, exp_dir: Path, arm: str) -> 
             "paths": {**tables.get("paths", {}), **paths},
             "model": model,
             "eval": {**tables.get("eval", {}), **evals}}
+
+
+def _key_paths(tables: dict[str, Any], prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    out: list[tuple[str, ...]] = []
+    for k, v in tables.items():
+        if isinstance(v, dict) and v:
+            out += _key_paths(v, (*prefix, str(k).lower()))
+        else:
+            out.append((*prefix, str(k).lower()))
+    return out
+
+
+def arm_environment(environ: Mapping[str, str], tables: dict[str, Any],
+                    ) -> tuple[dict[str, str], list[tuple[str, str]]]:
+    """The environment of an arm's processes: without the SPADE__* overrides of a key the arm
+    sets itself (its data dir, adapter prefix, mode, evaluation, overrides), which would
+    otherwise win over arm.toml and put every arm in one data dir. Returns (environment,
+    [(variable, the arm's key)] left out)."""
+    own = _key_paths({k: v for k, v in tables.items() if k != "extends"})
+    kept, dropped = {}, []
+    for name, value in environ.items():
+        if name.startswith("SPADE__"):
+            path = tuple(p.lower() for p in name[len("SPADE__"):].split("__"))
+            hit = next((k for k in own if k[:len(path)] == path or path[:len(k)] == k), None)
+            if hit is not None:
+                dropped.append((name, ".".join(hit)))
+                continue
+        kept[name] = value
+    return kept, sorted(dropped)
 
 
 def write_arm_config(cfg: SpadeConfig, config_path: Path, exp_dir: Path, arm: str) -> Path:

@@ -25,7 +25,13 @@ from spade_async.core.config import SpadeConfig, run_dir
 from spade_async.core.control import clear_stop_request, request_stop
 from spade_async.core.logs import get_logger
 from spade_async.experiment.budget import ArmProgress, Progress, describe, spent
-from spade_async.experiment.layout import arm_dir, experiment_dir, write_arm_config
+from spade_async.experiment.layout import (
+    arm_dir,
+    arm_environment,
+    arm_tables,
+    experiment_dir,
+    write_arm_config,
+)
 from spade_async.experiment.state import ArmRun, ArmState, ExperimentState
 from spade_async.inference.launch import REPO
 
@@ -105,7 +111,12 @@ class Runner:
     def _launch(self, arm: str, arm_cfg: Path) -> subprocess.Popen:
         data = arm_dir(self.exp_dir, arm)
         clear_stop_request(data / "run")
-        env = dict(os.environ, SPADE_CONFIG=str(arm_cfg), HF_HUB_OFFLINE="1",
+        own = arm_tables(self.cfg, self.config_path, self.exp_dir, arm)
+        kept, dropped = arm_environment(os.environ, own)
+        if dropped:
+            self.echo(f"[experiment] arm {arm}: not passed to its processes, the arm sets "
+                      "these itself: " + ", ".join(f"{k} ({key})" for k, key in dropped))
+        env = dict(kept, SPADE_CONFIG=str(arm_cfg), HF_HUB_OFFLINE="1",
                    PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
         ecfg = self.cfg.experiment
         cmd = [sys.executable, "-m", "spade_async.cli.supervise", "--config", str(arm_cfg), "--",
