@@ -19,7 +19,7 @@ SUITES: tuple[str, ...] = get_args(SuiteName)  # the names eval.suites accepts
 
 def make_suite(name: str, cfg: SpadeConfig, sandbox: Sandbox | None = None) -> Suite:
     """A suite by name, sized by the config's [eval] section. `sandbox`: where the probe
-    plays (None: it opens its own for the run); the held-out suites need none."""
+    plays and HumanEval's tests run (None: each opens its own for the run)."""
     ecfg = cfg.eval
     if name in ("reasoning-gym", "reasoning-gym-easy"):
         from spade_async.evals.reasoning_gym_suite import ReasoningGymSuite
@@ -30,6 +30,13 @@ def make_suite(name: str, cfg: SpadeConfig, sandbox: Sandbox | None = None) -> S
         from spade_async.evals.bfcl import BfclMultiTurnSuite
 
         return BfclMultiTurnSuite(n_tasks=ecfg.bfcl_tasks)
+    if name == "humaneval":
+        from spade_async.evals.humaneval import HumanEvalSuite
+
+        return HumanEvalSuite(n_tasks=ecfg.humaneval_tasks, samples=ecfg.humaneval_samples,
+                              temperature=ecfg.humaneval_temperature,
+                              max_tokens=ecfg.max_tokens, sandbox=sandbox,
+                              sandbox_cfg=cfg.sandbox)
     if name in ("probe", "probe-greedy"):
         from spade_async.evals.probe import ProbeSuite
 

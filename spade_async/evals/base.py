@@ -80,11 +80,14 @@ class EvalPolicy:
         self.path, self.group, self.tools = path, group, tools
 
     async def reply(self, messages: Sequence[dict[str, Any]],
-                    max_tokens: int | None = None) -> tuple[str, int]:
-        """(text, completion tokens) of the next assistant turn."""
+                    max_tokens: int | None = None, *, temperature: float = 0.0,
+                    seed: int | None = None) -> tuple[str, int]:
+        """(text, completion tokens) of the next assistant turn: greedy, or sampled at
+        `temperature` with request `seed` (a suite that estimates pass@k)."""
         if self.path == "chat":
             c = await self.pool.chat(messages, model=self.model,
-                                     max_tokens=max_tokens or self.max_tokens, temperature=0.0,
+                                     max_tokens=max_tokens or self.max_tokens,
+                                     temperature=temperature, seed=seed,
                                      deadline_s=self.deadline_s, token_level=False,
                                      group=self.group)
             return c.text, c.completion_tokens
@@ -94,7 +97,8 @@ class EvalPolicy:
         if budget < 1:
             raise EndpointError(f"the conversation ({len(ids)} tokens) fills max_seq_len "
                                 f"{self.max_seq_len}")
-        c = await self.pool.complete(ids, model=self.model, max_tokens=budget, temperature=0.0,
+        c = await self.pool.complete(ids, model=self.model, max_tokens=budget,
+                                     temperature=temperature, seed=seed,
                                      deadline_s=self.deadline_s, group=self.group)
         return self.chat.decode(c.token_ids), len(c.token_ids)
 

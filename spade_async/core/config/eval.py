@@ -9,8 +9,8 @@ from pydantic import Field, ValidationInfo, field_validator
 from spade_async.core.config.seeds import seed_catalog
 from spade_async.core.strict import Strict
 
-SuiteName = Literal["reasoning-gym", "reasoning-gym-easy", "bfcl-multi-turn", "probe",
-                    "probe-greedy"]
+SuiteName = Literal["reasoning-gym", "reasoning-gym-easy", "bfcl-multi-turn", "humaneval",
+                    "probe", "probe-greedy"]
 # The suites of fixed training variants (not held out): sampled at the rollout's temperature,
 # and greedy. Both play the same tasks (variants, episode seeds, request seeds).
 PROBE_SUITES: tuple[str, ...] = ("probe", "probe-greedy")
@@ -58,6 +58,13 @@ class EvalConfig(Strict):
     reasoning_gym_per_generator: int = Field(8, ge=1, description="tasks per reasoning-gym "
                                              "generator (6 generators; reasoning-gym-easy: 5)")
     bfcl_tasks: int = Field(10, ge=1, description="BFCL-v4 multi-turn base entries, the first N")
+    humaneval_tasks: int | None = Field(None, ge=1, description="HumanEval problems, the "
+                                        "first N (None: all 164)")
+    humaneval_samples: int = Field(1, ge=1, le=200, description="completions per HumanEval "
+                                   "problem: 1 is greedy pass@1; n > 1 samples at "
+                                   "humaneval_temperature for the unbiased pass@k, k <= n")
+    humaneval_temperature: float = Field(0.8, gt=0, le=2, description="sampling temperature "
+                                         "when humaneval_samples > 1")
     max_tokens: int = Field(384, ge=16, description="completion budget of one answer / turn")
     max_seq_len: int = Field(8192, ge=512, description="prompt + turns of one task: BFCL's tool "
                              "docs alone take 2.2k-5.2k tokens (inference.sh serves at least "
