@@ -29,7 +29,7 @@ from spade_async.core.rolling import iter_jsonl
 @dataclass
 class RunData:
     designs: list[dict] = field(default_factory=list)
-    episodes: list[dict] = field(default_factory=list)
+    episodes: list[EpisodeRow] = field(default_factory=list)
     plays: list[dict] = field(default_factory=list)
     envs: list[dict] = field(default_factory=list)  # memory export, with embeddings
     steps: list[dict] = field(default_factory=list)
@@ -46,20 +46,38 @@ class RunData:
         return min(times) if times else 0.0
 
 
-# An episode's transcript: what the report never plots, left out as the file streams, so that
-# a run of any age reports in bounded memory (a few hundred bytes an episode).
-EPISODE_BULK = ("turns", "first_observation", "hint", "hint_copy", "chat_completion_tokens")
+class EpisodeRow:
+    """One episode as the report reads it, without its transcript: the fields the plots, the
+    summary and the cost ledger use, in slots (a run of millions of episodes reports in
+    bounded memory: ~150 bytes an episode). Reads like the record's dict: `row["time"]`,
+    `row.get("score", 0.0)`."""
+
+    __slots__ = ("time", "hinted", "score", "error", "error_kind", "policy_version",
+                 "seconds", "sampled_tokens")
+
+    def __init__(self, rec: dict) -> None:
+        for k in self.__slots__:
+            setattr(self, k, rec.get(k))
+        if isinstance(self.error, str):
+            self.error = self.error[:120]
+
+    def get(self, key: str, default: object = None) -> object:
+        value = getattr(self, key, None) if key in self.__slots__ else None
+        return default if value is None else value
+
+    def __getitem__(self, key: str) -> object:
+        value = self.get(key)
+        if value is None:
+            raise KeyError(key)
+        return value
+
+    def __contains__(self, key: str) -> bool:
+        return self.get(key) is not None
 
 
-def slim_episodes(path: Path) -> list[dict]:
-    """episodes.jsonl and its rolled segments, streamed, each record without its transcript."""
-    out = []
-    for e in iter_jsonl(path):
-        if "time" in e:
-            for k in EPISODE_BULK:
-                e.pop(k, None)
-            out.append(e)
-    return out
+def slim_episodes(path: Path) -> list[EpisodeRow]:
+    """episodes.jsonl and its rolled segments, streamed, each as an EpisodeRow."""
+    return [EpisodeRow(e) for e in iter_jsonl(path) if "time" in e]
 
 
 def load_run(cfg: SpadeConfig) -> RunData:
