@@ -84,8 +84,10 @@ def test_env_override_sets_arrays_and_tables_inline(tmp_path):
     assert cfg.daemon.moves == {"write": 1.0, "edit": 0.0}
     with pytest.raises(ConfigError, match="names a whole table"):
         load_config(f, environ={"SPADE__ENDPOINTS__0": "http://x"})
-    with pytest.raises(ConfigError, match="bootstrap_families"):  # not a list: named by key
+    with pytest.raises(ConfigError, match="SPADE__DAEMON__BOOTSTRAP_FAMILIES: starts like"):
         load_config(f, environ={"SPADE__DAEMON__BOOTSTRAP_FAMILIES": "[arithmetic"})
+    with pytest.raises(ConfigError, match="bootstrap_families"):  # not a list: named by key
+        load_config(f, environ={"SPADE__DAEMON__BOOTSTRAP_FAMILIES": "arithmetic"})
 
 
 def test_config_shell_gives_the_inference_script_its_settings():

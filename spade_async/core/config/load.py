@@ -18,23 +18,25 @@ from spade_async.core.config.seeds import SEEDS_CONTEXT_KEY, SeedCatalog
 ENV_PREFIX = "SPADE__"
 
 
-def _env_value(value: str) -> Any:
+def _env_value(key: str, value: str) -> Any:
     """A value that starts with `[` or `{` is a TOML inline array or table (JSON reads the
     same way, `null` aside): SPADE__DAEMON__BOOTSTRAP_FAMILIES='["arithmetic"]',
-    SPADE__EVAL__PROBE_VARIANTS='[{family = "arithmetic", params = {digits = 1}}]'. Anything
-    else (or text that does not parse as one) stays a string, which the model converts or
-    refuses by key."""
+    SPADE__EVAL__PROBE_VARIANTS='[{family = "arithmetic", params = {digits = 1}}]' (an array
+    may span lines, an inline table may not). Anything else stays a string, which the model
+    converts or refuses by key; one that starts like an array or table but parses as neither
+    is an error naming the variable."""
     text = value.strip()
     if not text.startswith(("[", "{")):
         return value
     try:
         return tomllib.loads(f"v = {text}")["v"]
-    except tomllib.TOMLDecodeError:
-        pass
+    except tomllib.TOMLDecodeError as exc:
+        toml_error = exc
     try:
         return json.loads(text)
     except ValueError:
-        return value
+        raise ConfigError(f"env override {key}: starts like an inline array or table but is "
+                          f"neither TOML nor JSON ({toml_error})") from None
 
 
 def _apply_env_overrides(data: dict, environ: dict[str, str]) -> dict:
@@ -46,7 +48,7 @@ def _apply_env_overrides(data: dict, environ: dict[str, str]) -> dict:
     for key, raw in sorted(environ.items()):
         if not key.startswith(ENV_PREFIX):
             continue
-        value = _env_value(raw)
+        value = _env_value(key, raw)
         parts = [p.lower() for p in key[len(ENV_PREFIX) :].split("__")]
         node: Any = data
         for i, part in enumerate(parts):
