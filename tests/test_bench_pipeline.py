@@ -19,6 +19,11 @@ def test_pipeline_bench_replays_the_same_requests_in_both_orders(checkpoint):
     assert d["tokens_per_s"] == pytest.approx(d["tokens"] / d["seconds"], rel=0.01)
     assert f["ratio"] == pytest.approx(d["tokens_per_s"] / b["tokens_per_s"], abs=0.002)
     assert 0 < f["ratio"] < 2
+    # the daemon side's own CPU per episode (its process and its sandbox workers)
+    assert d["episodes"] == 16 and d["client_cpu_s"] > 0
+    assert d["cpu_s_per_1k_episodes"] == pytest.approx(1000 * d["client_cpu_s"] / 16, rel=0.01)
+    assert d["episodes_per_min_per_core"] == pytest.approx(
+        60 * 1000 / d["cpu_s_per_1k_episodes"], rel=0.02)
 
 
 def test_mixed_workload_measures_every_endpoint_and_both_request_kinds(checkpoint):

@@ -165,6 +165,12 @@ async def _compare(label: str, base_url: str, chat: ChatTokens, concurrency: int
                 "rounds_tokens_per_s": [a["tokens_per_s"], b["tokens_per_s"]]}
 
     d, b = total(d1, d2), total(b1, b2)
+    # The daemon side's own CPU (its process and the sandbox workers it reaped) per episode:
+    # one daemon is one process, so its core caps the episodes a minute it can drive.
+    d["episodes"] = 2 * episodes
+    per_episode = d["client_cpu_s"] / d["episodes"]
+    d["cpu_s_per_1k_episodes"] = round(1000 * per_episode, 1)
+    d["episodes_per_min_per_core"] = round(60 / per_episode) if per_episode > 0 else None
     return {"daemon": d, "bare": b, "ratio": round(d["tokens_per_s"] / b["tokens_per_s"], 3)}
 
 

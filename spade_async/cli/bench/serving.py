@@ -137,7 +137,9 @@ def bench_pipeline(
         if key in r:
             x = r[key]
             typer.echo(f"{label:30s} daemon {x['daemon']['tokens_per_s']:8.1f} tok/s   bare "
-                       f"{x['bare']['tokens_per_s']:8.1f} tok/s   ratio {x['ratio']:.3f}")
+                       f"{x['bare']['tokens_per_s']:8.1f} tok/s   ratio {x['ratio']:.3f}   "
+                       f"daemon CPU {x['daemon']['cpu_s_per_1k_episodes']} s per 1k episodes "
+                       f"(~{x['daemon']['episodes_per_min_per_core']} episodes/min per core)")
     if "mixed" in r:
         x = r["mixed"]
         sat = "  ".join(f"{n} (max {x['endpoints'][n]}) {v:.1%}"
