@@ -20,6 +20,7 @@ import numpy as np
 
 from spade_async.core.io import atomic_write_text
 from spade_async.evals.paired import compare_stored, first_to_last, paired_text
+from spade_async.experiment.decontam import arm_decontamination
 from spade_async.experiment.layout import arm_config_path, arm_dir
 from spade_async.experiment.ledger import ledger
 from spade_async.experiment.results import Point, arm_points, difference
@@ -79,7 +80,8 @@ def collect(exp_dir: Path) -> dict[str, Any]:
         if not cfg_path.exists():
             arms[arm] = {"status": st.status, "points": {}, "ledger": None}
             continue
-        run = load_run(load_checked_config(cfg_path))
+        arm_cfg = load_checked_config(cfg_path)
+        run = load_run(arm_cfg)
         t0 = st.first_started or run.t0
         points = arm_points(data, t0)
         evals = [r for r in load_results(data) if not r.get("external")]
@@ -94,6 +96,8 @@ def collect(exp_dir: Path) -> dict[str, Any]:
             "diversity": {"played": variant_diversity(run.plays, t0),
                           "accepted": accepted_diversity(run.envs, t0)},
             "memory_error": run.memory_error,
+            # how near each held-out suite's tasks come to the arm's training environments
+            "decontamination": arm_decontamination(arm_cfg, list(points), run.envs),
         }
     return {"name": state.name, "budget": state.budget, "arms": arms,
             "comparison": _compare(state.arms, arms),
@@ -187,6 +191,15 @@ def text(rep: dict[str, Any]) -> str:
                   "each arm's last version against its first, and arm against arm at their "
                   "last versions"]
         lines += [f"  {label}: {paired_text(p)}" for label, p in paired]
+    decon = [(arm, suite, d) for arm, a in arms.items()
+             for suite, d in (a.get("decontamination") or {}).get("suites", {}).items()]
+    if decon:
+        lines += ["", "decontamination: each held-out suite's nearest training environment "
+                  "(cosine distance of the embeddings; 0 = reads alike):"]
+        lines += [f"  {arm} / {suite}: nearest {d['min_distance']:.3f} "
+                  f"({d['closest']['environment']}), median over its {d['tasks']} tasks "
+                  f"{d['median_nearest_distance']:.3f}, {d['environments']} environments"
+                  for arm, suite, d in decon]
     lines += ["", "cost ledger (busy seconds / tokens sampled):"]
     for arm, a in arms.items():
         led = a.get("ledger")
