@@ -193,3 +193,16 @@ def test_periodic_evaluation_points_survive_an_evaluation_slower_than_training()
     assert not due_for_evaluation(7, 2, {0, 2, 4, 6})
     # every version (every_versions = 1): each one not yet evaluated
     assert due_for_evaluation(5, 1, {0, 1, 2}) and not due_for_evaluation(2, 1, {0, 1, 2})
+
+
+def test_suite_groups_expand_in_order_and_unknown_names_are_refused():
+    from spade_async.evals import CATEGORIES, GROUPS, SUITES, expand_suites
+
+    assert expand_suites(["paper"]) == ["reasoning-gym", "humaneval", "bfcl-multi-turn"]
+    assert expand_suites(["humaneval", "held-out"]) == [
+        "humaneval", "reasoning-gym", "reasoning-gym-easy", "bfcl-multi-turn"]
+    assert set(CATEGORIES) == set(SUITES) and all(set(g) <= set(SUITES) for g in GROUPS.values())
+    import pytest
+
+    with pytest.raises(ValueError, match="unknown suite 'nope'.*a group: paper"):
+        expand_suites(["nope"])

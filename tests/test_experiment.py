@@ -144,6 +144,10 @@ def test_two_arms_resume_after_kill_and_report(fake, checkpoint, tmp_path):
     assert any(k.startswith("spade vs fixed / probe") for k in rep["comparison"])
     for f in ("summary.json", "index.html", "report.txt", "suite-probe.png", "diversity.png"):
         assert (exp / "report" / f).stat().st_size > 0, f
+    report_txt = (exp / "report" / "report.txt").read_text()
+    assert "per category (the paper's table)" in report_txt
+    assert "training probe  probe" in report_txt  # the probe's category: training, not held out
+    assert all("decontamination" in a for a in rep["arms"].values())
     # Run again: every arm is done, nothing starts.
     res = subprocess.run([*SPADE, "experiment", "run", "-c", str(cfg)], cwd=REPO, env=env,
                          capture_output=True, text=True, timeout=120)

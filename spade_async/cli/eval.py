@@ -95,8 +95,9 @@ def evaluate(
     version: str = typer.Option("latest", "--version", help="policy version N, or 'latest' "
                                 "(the one the servers hold now)"),
     suite: list[str] = typer.Option(None, "--suite", help="reasoning-gym, reasoning-gym-easy, "
-                                    "bfcl-multi-turn, probe or probe-greedy (repeatable; "
-                                    "default: eval.suites)"),
+                                    "humaneval, bfcl-multi-turn, probe or probe-greedy, or a "
+                                    "group: paper (the paper's held-out table), held-out "
+                                    "(repeatable; default: eval.suites)"),
     limit: int = typer.Option(None, "--limit", min=1, help="only the first N tasks of a suite"),
     group: str = typer.Option(None, "--group", help="endpoint group to evaluate on (default "
                               "roles.eval.group)"),
@@ -118,7 +119,7 @@ def evaluate(
     difference to version N, task by task (the probe plays the same tasks on every version)."""
     from spade_async.core.config import ConfigError, VllmReloadSwap, checkpoint_dir
     from spade_async.core.policy import PolicyVersion, current_path
-    from spade_async.evals import SUITES
+    from spade_async.evals import expand_suites
     from spade_async.evals.base import model_for_version
     from spade_async.evals.paired import load_tasks
     from spade_async.evals.run import evaluate_version
@@ -140,10 +141,10 @@ def evaluate(
             msg = str(exc).splitlines()
             raise fail(f"--group/--model/--path: {msg[-1].strip() if msg else exc}",
                        2) from None
-    names = suite or list(cfg.eval.suites)
-    for n in names:
-        if n not in SUITES:
-            raise fail(f"unknown suite {n!r}: one of {', '.join(SUITES)}", 2)
+    try:
+        names = expand_suites(suite or list(cfg.eval.suites))
+    except ValueError as exc:
+        raise fail(str(exc), 2) from None
     current = PolicyVersion(current_path(cfg.paths.data_dir), cfg.model.served_name)
     current.refresh()
     try:

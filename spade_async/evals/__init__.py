@@ -16,6 +16,30 @@ if TYPE_CHECKING:
 
 SUITES: tuple[str, ...] = get_args(SuiteName)  # the names eval.suites accepts
 
+# The paper's categories of held-out evaluation, and the suite of ours in each (the probe is a
+# training measure, not held out). `--suite paper` is every held-out suite of the table.
+CATEGORIES: dict[str, str] = {
+    "reasoning-gym": "reasoning", "reasoning-gym-easy": "reasoning", "humaneval": "code",
+    "bfcl-multi-turn": "tool use", "probe": "training probe", "probe-greedy": "training probe"}
+GROUPS: dict[str, tuple[str, ...]] = {
+    "paper": ("reasoning-gym", "humaneval", "bfcl-multi-turn"),
+    "held-out": ("reasoning-gym", "reasoning-gym-easy", "humaneval", "bfcl-multi-turn"),
+}
+
+
+def expand_suites(names: list[str]) -> list[str]:
+    """Suite names with the groups (GROUPS) replaced by their suites, each once, in order;
+    ValueError naming an unknown one."""
+    out: list[str] = []
+    for n in names:
+        for s in GROUPS.get(n, (n,)):
+            if s not in SUITES:
+                raise ValueError(f"unknown suite {s!r}: one of {', '.join(SUITES)}, or a "
+                                 f"group: {', '.join(GROUPS)}")
+            if s not in out:
+                out.append(s)
+    return out
+
 
 def make_suite(name: str, cfg: SpadeConfig, sandbox: Sandbox | None = None) -> Suite:
     """A suite by name, sized by the config's [eval] section. `sandbox`: where the probe

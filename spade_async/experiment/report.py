@@ -175,6 +175,24 @@ def text(rep: dict[str, Any]) -> str:
                                           f"{_ci(p['lenient'], p['lenient_ci'])} "
                                           f"{p['scored']}/{p['n']}" if p else "-"))
             lines.append(f"  v{v:<3} " + "   ".join(cells))
+    if suites:
+        from spade_async.evals import CATEGORIES
+
+        order = ["reasoning", "code", "games", "tool use", "training probe"]
+        by_cat: dict[str, list[str]] = {}
+        for suite in suites:
+            by_cat.setdefault(CATEGORIES.get(suite, "other"), []).append(suite)
+        lines += ["", "per category (the paper's table), each arm's last evaluated version: "
+                  "strict mean [95% interval]"]
+        for cat in order + sorted(set(by_cat) - set(order)):
+            for suite in by_cat.get(cat, []):
+                cells = []
+                for arm, a in arms.items():
+                    pts = a.get("points", {}).get(suite, [])
+                    cells.append(f"{arm} " + (f"v{pts[-1]['version']} "
+                                              f"{_ci(pts[-1]['strict'], pts[-1]['strict_ci'])}"
+                                              if pts else "-"))
+                lines.append(f"  {cat:15s} {suite:19s} " + "   ".join(cells))
     if rep["comparison"]:
         lines += ["", "difference at the last version both evaluated (95% interval):"]
         for key, row in rep["comparison"].items():
