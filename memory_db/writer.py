@@ -23,7 +23,7 @@ from typing import Any
 import anyio
 import numpy as np
 import structlog
-from anyio.abc import TaskStatus
+from anyio.abc import TaskGroup, TaskStatus
 from lancedb.index import BTree
 
 from memory_db.config import MemoryConfig
@@ -45,6 +45,11 @@ class Writer:
         self._send, self._recv = anyio.create_memory_object_stream[Op](cfg.writer.queue_size)
         self._closed = False
         self.finished = anyio.Event()
+        # Scheduled upkeep (compaction, index training) runs beside the writes, one at a time;
+        # an explicit maintain() waits for it, then runs in line.
+        self._upkeep_tg: TaskGroup | None = None
+        self._upkeep_idle = anyio.Event()
+        self._upkeep_idle.set()
         self.known: dict[str, tuple[str, str]] = {}  # id -> (status, reason)
         self.stats: dict[str, EnvStats] = {}  # variant id -> its stats
         self.family: dict[str, tuple[str, str]] = {}  # variant id -> (env_id, canonical params)
@@ -123,7 +128,8 @@ class Writer:
     # ---- the loop ------------------------------------------------------------------------
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        async with self._recv:
+        async with self._recv, anyio.create_task_group() as upkeep:
+            self._upkeep_tg = upkeep
             try:
                 task_status.started()
                 while True:
@@ -138,15 +144,37 @@ class Writer:
                                 op.finish(error=MemoryClosed(f"the writer stopped: {exc!r}"))
                         raise
                     if time.monotonic() >= self.upkeep.next_optimize:
-                        try:
-                            await self._maintain(optimize=True, index="auto")
-                        except Exception as exc:  # compaction can wait for the next period
-                            self.upkeep.postpone()
-                            log.error("memory_optimize_failed", error=repr(exc))
+                        self._upkeep_beside(optimize=True, index="auto")
             finally:
                 self._closed = True
                 self._fail_queued()
+                # Upkeep under way is dropped: Lance commits a compaction or an index whole or
+                # not at all, and the next start's schedule runs it again.
+                upkeep.cancel_scope.cancel()
+                self._upkeep_tg = None
                 self.finished.set()
+
+    def _upkeep_beside(self, *, optimize: bool, index: str) -> None:
+        """Scheduled upkeep in its own task, so writes go on while a compaction or an index
+        build (minutes on a large table) runs; one at a time. Lance commits an append beside an
+        index build or a compaction (the new rows stay unindexed until the next optimize)."""
+        if not self._upkeep_idle.is_set() or self._upkeep_tg is None:
+            return
+        self._upkeep_idle = anyio.Event()
+        if optimize:
+            self.upkeep.postpone()  # the next one is a period from now, whatever this one does
+
+        async def work(done: anyio.Event) -> None:
+            try:
+                await self._maintain(optimize=optimize, index=index)
+            except Exception as exc:  # compaction and training wait for the next period
+                self.upkeep.postpone()
+                log.error("memory_upkeep_failed", optimize=optimize, index=index,
+                          error=repr(exc))
+            finally:
+                done.set()
+
+        self._upkeep_tg.start_soon(work, self._upkeep_idle)
 
     def _fail_queued(self) -> None:
         """Operations still queued when the writer stops fail now instead of at their deadline."""
@@ -233,16 +261,15 @@ class Writer:
             except Exception as exc:  # retried with the next batch; load() repairs a lag
                 log.error("memory_clock_write_failed", error=repr(exc))
         for op in by_kind.get("maintain", []):
+            await self._upkeep_idle.wait()  # an explicit maintain follows the upkeep under way
             try:
                 op.finish(await self._maintain(optimize=op.payload.optimize,
                                                index=op.payload.index))
             except Exception as exc:
                 op.finish(error=exc)
         if "insert" in by_kind and self.upkeep.index_due(len(self.known)):
-            try:
-                await self._maintain(optimize=False, index="auto")
-            except Exception as exc:  # searches stay exact (flat) meanwhile; retried next batch
-                log.error("memory_index_failed", error=repr(exc))
+            # searches stay exact (flat) until it is built; a failure is retried next batch
+            self._upkeep_beside(optimize=False, index="auto")
         self.commits += 1
 
     # ---- stages --------------------------------------------------------------------------

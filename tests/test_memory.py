@@ -396,3 +396,31 @@ async def test_upkeep_drops_old_rejected_code_and_keeps_the_row(tmp_path):
     assert report["rejected_code_dropped"] == 1
     assert rows["env-2"]["code"] == "" and rows["env-2"]["reason"] == "x: y"
     assert rows["env-1"]["code"] and rows["env-3"]["code"]
+
+
+async def test_scheduled_upkeep_runs_beside_the_writes(tmp_path):
+    """A compaction or an index build (minutes on a large table) no longer holds the single
+    writer: inserts commit while it runs; an explicit maintain() waits for it."""
+    cfg = hash_cfg(optimize_every_s=0.05)
+    async with open_memory(cfg, str(tmp_path / "m")) as mem:
+        writer = mem._w()
+        started, release = anyio.Event(), anyio.Event()
+        real = writer.upkeep.run
+
+        async def slow(rows, *, optimize, index):
+            started.set()
+            await release.wait()
+            return await real(rows, optimize=optimize, index=index)
+
+        writer.upkeep.run = slow
+        await mem.insert(env(0, "first"))
+        with anyio.fail_after(10):
+            await started.wait()  # the scheduled upkeep is under way, and stays so
+        with anyio.fail_after(10):  # would time out if the upkeep held the writer
+            for i in range(1, 4):
+                await mem.insert(env(i, f"written beside the upkeep {i}"))
+        assert await mem.count() == 4 and not release.is_set()
+        release.set()
+        with anyio.fail_after(30):
+            report = await mem.maintain(optimize=True, index="skip")
+        assert report["optimized"] == ["envs", "stats", "meta"]
