@@ -8,7 +8,7 @@ import typer
 
 from spade_async.cli.bench.envs import bench_ladder, bench_sandbox, bench_validation
 from spade_async.cli.bench.learn import bench_learn
-from spade_async.cli.bench.memory import bench_memory
+from spade_async.cli.bench.memory import bench_memory, bench_report
 from spade_async.cli.bench.serving import bench_endpoints, bench_inference, bench_pipeline
 from spade_async.cli.bench.trainer import bench_trainer
 from spade_async.cli.config_cmd import show_config
@@ -49,7 +49,7 @@ for name, command in (("memory", bench_memory), ("inference", bench_inference),
                       ("sandbox", bench_sandbox), ("ladder", bench_ladder),
                       ("pipeline", bench_pipeline), ("endpoints", bench_endpoints),
                       ("trainer", bench_trainer), ("learn", bench_learn),
-                      ("validation", bench_validation)):
+                      ("validation", bench_validation), ("report", bench_report)):
     bench_app.command(name)(command)
 
 app.add_typer(endpoints_app, name="endpoints")

@@ -57,3 +57,25 @@ def bench_memory(
         f"nprobes {ix['nprobes']}, exact re-rank of {ix['refine_candidates']} candidates); "
         f"{r['storage']['fragments']} fragments after optimize",
     ]))
+
+
+def bench_report(
+    gb: float = typer.Option(5.0, "--gb", min=0.01, help="transcripts to generate, GB"),
+    workdir: Path = typer.Option(Path(".data/bench/report"), "--workdir",
+                                 help="where the synthetic run is written"),
+    keep: bool = typer.Option(False, "--keep/--no-keep", help="keep the synthetic run (and "
+                              "reuse it next time) instead of deleting it"),
+    as_json: bool = JsonOpt,
+) -> None:
+    """`spade report` on a synthetic run whose transcripts total N GB: its peak RSS and time."""
+    from spade_async.bench.report_rss import run_report_bench
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    r = run_report_bench(workdir.resolve(), gb=gb, keep=keep,
+                         progress=lambda m: typer.echo(f"[bench] {m}", err=True))
+    if as_json:
+        typer.echo(json.dumps(r, indent=2))
+        return
+    typer.echo(f"spade report on {r['transcripts_gb']} GB of transcripts "
+               f"({r.get('episodes', '?')} episodes): peak RSS {r['report_peak_rss_mb']} MB, "
+               f"{r['report_seconds']} s")
