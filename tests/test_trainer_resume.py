@@ -85,10 +85,11 @@ def setup_run(tmp: Path, name: str, model: Path, server: FakeOpenAIServer,
                  endpoints=[("fake", server.base_url, "vllm-lora")],
                  swap_options="max_loaded_adapters = 2\n")
     write_trainer_config(d / "trainer.toml", mode="lora", lora_rank=4, lora_alpha=8.0,
-                         lr=5e-3, micro_batch_tokens=64, checkpoint_every_steps=3,
+                         lr=5e-3, micro_batch_tokens=64,
                          publish_every_steps=PUBLISH_EVERY, max_staleness=100,
                          publish_timeout_s=20.0,
-                         **{"samples_per_step": SAMPLES_PER_STEP, **trainer})
+                         **{"samples_per_step": SAMPLES_PER_STEP, "checkpoint_every_steps": 3,
+                            **trainer})
     return d
 
 
