@@ -12,6 +12,7 @@ from __future__ import annotations
 import html
 import json
 import math
+import os
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,7 @@ import numpy as np
 from spade_async.core.io import atomic_write_text
 from spade_async.evals.paired import compare_stored, first_to_last, paired_text
 from spade_async.experiment.decontam import arm_decontamination
-from spade_async.experiment.layout import arm_config_path, arm_dir
+from spade_async.experiment.layout import arm_config_path, arm_dir, arm_environment
 from spade_async.experiment.ledger import ledger
 from spade_async.experiment.results import Point, arm_points, difference
 from spade_async.experiment.state import ExperimentState
@@ -65,6 +66,13 @@ def accepted_diversity(envs: list[dict], t0: float) -> dict[str, list[float]]:
             "count": list(range(1, len(acc) + 1))}
 
 
+def _arm_keys(cfg_path: Path) -> dict[str, Any]:
+    """The tables an arm.toml sets itself (its file, without the `extends`)."""
+    import tomllib
+
+    return {k: v for k, v in tomllib.loads(cfg_path.read_text()).items() if k != "extends"}
+
+
 def collect(exp_dir: Path) -> dict[str, Any]:
     """Everything the report shows, as plain data (what --json prints)."""
     from spade_async.envs.seed_checks import load_checked_config
@@ -80,7 +88,8 @@ def collect(exp_dir: Path) -> dict[str, Any]:
         if not cfg_path.exists():
             arms[arm] = {"status": st.status, "points": {}, "ledger": None}
             continue
-        arm_cfg = load_checked_config(cfg_path)
+        # as the arm's processes read it: its own keys win over the shell's SPADE__* variables
+        arm_cfg = load_checked_config(cfg_path, arm_environment(os.environ, _arm_keys(cfg_path))[0])
         run = load_run(arm_cfg)
         t0 = st.first_started or run.t0
         points = arm_points(data, t0)

@@ -92,7 +92,11 @@ class Runner:
         self.arm_configs = {}
         for arm in cfg.experiment.arms:
             path = write_arm_config(cfg, config_path, self.exp_dir, arm)
-            self.arm_configs[arm] = (path, load_checked_config(path))
+            # read as its processes read it: without the SPADE__* variables of its own keys
+            # (else the runner would watch the shell's data dir, not the arm's)
+            environ, _ = arm_environment(os.environ, arm_tables(cfg, config_path,
+                                                                self.exp_dir, arm))
+            self.arm_configs[arm] = (path, load_checked_config(path, environ))
 
     def run(self) -> ExperimentState:
         arms = self.cfg.experiment.arms
