@@ -321,7 +321,7 @@ class Trainer:
         if not self.publishing:
             return
         published = current_version(self.cfg.paths.data_dir)  # every rank: one shared decision
-        if published > self.version and self._own_version(published):
+        if published > self.version and self._own_version():
             # Published after this checkpoint, by this lineage: the steps since are trained
             # again (from the same unacknowledged batches) and the versions up to `published`
             # are not published again; the servers keep serving it.
@@ -349,7 +349,7 @@ class Trainer:
             log.info("republishing_after_restart", version=self.version, published=published)
             self._publish(self.version, path, started=time.perf_counter())
 
-    def _own_version(self, published: int) -> bool:
+    def _own_version(self) -> bool:
         """current.json names a version this checkpoint lineage published (not another run's)."""
         current = read_current(self.cfg.paths.data_dir) or {}
         return current.get("lineage") == self.ckpt.lineage

@@ -16,7 +16,7 @@ import anyio
 from spade_async.core.config import SpadeConfig
 from spade_async.core.logs import get_logger
 from spade_async.core.policy import PolicyVersion, current_path
-from spade_async.core.rolling import Retention, rolling
+from spade_async.core.rolling import Retention, RollingFile, rolling
 from spade_async.core.spool.base import BatchSpool
 from spade_async.envs.contract import EnvMeta, ParamSpec
 from spade_async.envs.hint_reader import HintReader
@@ -57,7 +57,9 @@ class LoopContext:
         self.iterations = 0  # documents (or edit groups; fixed mode: plays) through every stage
         self.rng = random.Random(cfg.corpus.seed)
         self.metrics = Metrics()
-        self.failures = Failures(run_dir, self.metrics, Retention.of(cfg.retention))
+        self.retention = Retention.of(cfg.retention)
+        self._logs: dict[str, RollingFile] = {}  # designs, episodes, plays: opened once
+        self.failures = Failures(run_dir, self.metrics, self.retention)
         self.ledger = SampleLedger(self.metrics)  # every played sample: written or dropped
         self.usage = TokenUsage(self.metrics)  # prompt and sampled tokens per role
         # who designs, plays and evaluates where, and by which path (DESIGN §5)
@@ -174,7 +176,10 @@ class LoopContext:
 
     async def append(self, log_name: str, record: dict[str, Any]) -> None:
         """One line of <run_dir>/{designs,episodes,plays}.jsonl: what `spade report` plots."""
-        log = rolling(self.run_dir / f"{log_name}.jsonl", Retention.of(self.cfg.retention))
+        log = self._logs.get(log_name)
+        if log is None:
+            log = self._logs[log_name] = rolling(self.run_dir / f"{log_name}.jsonl",
+                                                 self.retention)
         await anyio.to_thread.run_sync(log.append, record)
 
     def rejected(self, reason: str) -> None:

@@ -81,7 +81,8 @@ class Failures:
 
     def __init__(self, run_dir: Path | None = None, metrics: Metrics | None = None,
                  retention: Retention | None = None) -> None:
-        self.run_dir, self.metrics, self.retention = run_dir, metrics, retention
+        self.run_dir, self.metrics = run_dir, metrics
+        self._log = None if run_dir is None else rolling(run_dir / "given_up.jsonl", retention)
         self.counts: Counter[str] = Counter()
         self.given_up: Counter[str] = Counter()
 
@@ -99,12 +100,11 @@ class Failures:
         if self.metrics is not None:
             self.metrics.given_up.labels(stage).inc()
         log.error(f"{stage}_given_up", reason=reason, **context)
-        if self.run_dir is None:
+        if self._log is None:
             return
         line = json.dumps({"time": time.time(), "stage": stage, "reason": reason, **context},
                           ensure_ascii=False, default=str) + "\n"
-        log_file = rolling(self.run_dir / "given_up.jsonl", self.retention)
-        await anyio.to_thread.run_sync(log_file.append_bytes, line.encode("utf-8"))
+        await anyio.to_thread.run_sync(self._log.append_bytes, line.encode("utf-8"))
 
     def as_dict(self) -> dict[str, Any]:
         return {"by_kind": dict(sorted(self.counts.items())),
