@@ -21,33 +21,25 @@ small-context model can be run at all, but its scores are not the benchmark's.
 
 from __future__ import annotations
 
-import json
-import os
 import random
-import signal
-import subprocess
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import anyio
-from anyio.abc import Process
-from anyio.streams.buffered import BufferedByteReceiveStream
-
 from spade_async.core.config import RolloutConfig
 from spade_async.envs.contract import EnvMeta, ResetResult, StepResult, parse_tool_call
 from spade_async.evals.base import EvalPolicy, EvalTask, TaskResult
+from spade_async.evals.worker import JsonLinesWorker, WorkerSetupError
+from spade_async.evals.worker import worker_batch as _worker_batch
 from spade_async.rollout.episode import Episode
-from spade_async.sandbox.errors import EnvException, SandboxError
+from spade_async.sandbox.errors import SandboxError
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_PYTHON = REPO / ".venv-bfcl" / "bin" / "python"
 WORKER = Path(__file__).with_name("bfcl_worker.py")
 SETUP = "bash scripts/setup-bfcl.sh"
 CATEGORIES = ("base", "long_context", "miss_param", "miss_func")
-MAX_REPLY_BYTES = 8 << 20
 
 DESCRIPTION = (
     "A user asks you for several things, one request at a time (BFCL multi-turn). Do what the "
@@ -58,139 +50,24 @@ DESCRIPTION = (
 )
 
 
-class BfclSetupError(RuntimeError):
+class BfclSetupError(WorkerSetupError):
     """The BFCL venv is missing or broken."""
-
-
-def _check_python(python: Path) -> None:
-    if not python.exists():
-        raise BfclSetupError(f"{python} missing: `{SETUP}` builds the BFCL venv (.venv-bfcl)")
-
-
-def _worker_argv(python: Path) -> list[str]:
-    return [str(python), "-I", str(WORKER)]  # -I: only stdlib + bfcl_eval on sys.path
 
 
 def worker_batch(python: Path, requests: Sequence[dict[str, Any]],
                  timeout_s: float = 120.0) -> list[Any]:
     """Run requests through a one-off worker (synchronously); the results in order."""
-    _check_python(python)
-    data = "".join(json.dumps(r) + "\n" for r in requests)
-    try:
-        proc = subprocess.run(_worker_argv(python), input=data, capture_output=True, text=True,
-                              timeout=timeout_s, check=False)
-    except subprocess.TimeoutExpired:
-        raise BfclSetupError(f"the BFCL worker took over {timeout_s:g}s") from None
-    replies = [json.loads(line) for line in proc.stdout.splitlines() if line.strip()]
-    if len(replies) != len(requests):
-        raise BfclSetupError(f"the BFCL worker failed (exit {proc.returncode}; is .venv-bfcl "
-                             f"complete? `{SETUP}`): {proc.stderr.strip()[-800:]}")
-    out = []
-    for req, reply in zip(requests, replies, strict=True):
-        if "error" in reply:
-            raise ValueError(f"BFCL worker, {req.get('op')}: {reply['error']}")
-        out.append(reply["result"])
-    return out
+    return _worker_batch(python, WORKER, requests, timeout_s=timeout_s, label="BFCL worker",
+                         setup=SETUP, error=BfclSetupError, venv="the BFCL venv (.venv-bfcl)")
 
 
-class BfclWorker:
-    """One worker process, spoken to asynchronously; use as `async with BfclWorker(...) as w`.
+class BfclWorker(JsonLinesWorker):
+    """One BFCL worker process (evals/worker.py); use as `async with BfclWorker(...) as w`.
     A request that fails to answer within `timeout_s` kills the worker."""
 
     def __init__(self, python: Path | str = DEFAULT_PYTHON, *, timeout_s: float = 60.0) -> None:
-        self.python, self.timeout_s = Path(python), timeout_s
-        self._proc: Process | None = None
-        self._reader: BufferedByteReceiveStream | None = None
-        self._stderr: Any = None
-        self._lock = anyio.Lock()
-        self.dead: str | None = None
-
-    async def __aenter__(self) -> BfclWorker:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
-
-    async def start(self) -> None:
-        _check_python(self.python)
-        self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 - closed by aclose()
-        try:
-            self._proc = await anyio.open_process(
-                _worker_argv(self.python), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                stderr=self._stderr, start_new_session=True)
-        except OSError as exc:
-            self._stderr.close()
-            raise BfclSetupError(f"cannot start the BFCL worker ({exc}); `{SETUP}`") from None
-        self._reader = BufferedByteReceiveStream(self._proc.stdout)
-
-    def _stderr_tail(self) -> str:
-        try:
-            self._stderr.seek(0)
-            return self._stderr.read().decode(errors="replace").strip()[-800:]
-        except (OSError, ValueError, AttributeError):
-            return ""
-
-    async def request(self, op: str, **fields: Any) -> Any:
-        """The worker's result; raises EnvException for an error it reports, SandboxError when
-        it is gone, times out or breaks the protocol (the worker is then killed)."""
-        if self._proc is None or self.dead is not None:
-            raise SandboxError("closed", f"{op}: the BFCL worker is not running"
-                               + (f" ({self.dead})" if self.dead else ""))
-        data = (json.dumps({"op": op, **fields}, ensure_ascii=False) + "\n").encode()
-        async with self._lock:
-            try:
-                with anyio.fail_after(self.timeout_s):
-                    await self._proc.stdin.send(data)
-                    line = await self._reader.receive_until(b"\n", MAX_REPLY_BYTES)
-            except TimeoutError:
-                await self.aclose(f"{op} exceeded its {self.timeout_s:g}s deadline", grace_s=0)
-                raise SandboxError("timeout", f"BFCL worker: {op} exceeded its "
-                                   f"{self.timeout_s:g}s deadline; killed") from None
-            except (anyio.EndOfStream, anyio.IncompleteRead, anyio.BrokenResourceError,
-                    anyio.ClosedResourceError, anyio.DelimiterNotFound, OSError) as exc:
-                err = self._stderr_tail()
-                await self.aclose(f"{op}: {type(exc).__name__}", grace_s=0)
-                raise SandboxError("crashed", f"BFCL worker died during {op}"
-                                   + (f": {err}" if err else "")) from None
-        try:
-            msg = json.loads(line)
-        except ValueError:
-            await self.aclose(f"{op}: a non-JSON reply", grace_s=0)
-            raise SandboxError("protocol", f"BFCL worker: {op} got a non-JSON reply") from None
-        if not isinstance(msg, dict) or ("error" not in msg and "result" not in msg):
-            await self.aclose(f"{op}: a malformed reply", grace_s=0)
-            raise SandboxError("protocol", f"BFCL worker: {op} got a malformed reply")
-        if "error" in msg:
-            raise EnvException("exception", f"BFCL worker, {op}: {msg['error']}"[:2000])
-        return msg["result"]
-
-    async def aclose(self, reason: str = "closed", grace_s: float = 2.0) -> None:
-        """End the worker: EOF on its stdin, `grace_s` to exit, then SIGKILL to its process
-        group. Safe to call twice."""
-        proc, self._proc = self._proc, None
-        if self.dead is None:
-            self.dead = reason
-        if proc is None:
-            return
-        with anyio.CancelScope(shield=True):
-            try:
-                await proc.stdin.aclose()
-            except (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
-                pass
-            with anyio.move_on_after(grace_s):
-                await proc.wait()
-            if proc.returncode is None:
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)  # its own session: start_new_session
-                except ProcessLookupError:
-                    pass
-                except PermissionError:
-                    proc.kill()
-            await proc.aclose()
-            if self._stderr is not None:
-                self._stderr.close()
-                self._stderr = None
+        super().__init__(python, WORKER, timeout_s=timeout_s, label="BFCL worker", setup=SETUP,
+                         setup_error=BfclSetupError, venv="the BFCL venv (.venv-bfcl)")
 
 
 class BfclEnvSession:

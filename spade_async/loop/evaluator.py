@@ -57,7 +57,7 @@ class Evaluator:
 
     async def evaluate_current(self) -> None:
         """The newest published version, unless it has been evaluated."""
-        from spade_async.evals.bfcl import BfclSetupError
+        from spade_async.evals.worker import WorkerSetupError
         from spade_async.evals.run import evaluate_version
 
         ctx = self.ctx
@@ -82,7 +82,7 @@ class Evaluator:
                 for r in results:
                     log.info("evaluated", **r.summary())
             except Exception as exc:  # an evaluation never stops the self-play loop...
-                kind = "setup" if isinstance(exc, BfclSetupError) else failure_kind(exc)
+                kind = "setup" if isinstance(exc, WorkerSetupError) else failure_kind(exc)
                 if kind is None:
                     raise  # ...but a bug in it does: fail fast, with its traceback
                 ctx.counters["eval_failures"] += 1
