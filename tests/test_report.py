@@ -123,3 +123,25 @@ def test_diversity_curve_and_rolling_mean_match_brute_force():
     assert all(abs(r[i] - x[max(0, i - 4): i + 1].mean()) < 1e-12 for i in range(30))
     xy = pca_2d(v)
     assert xy.shape == (7, 2) and abs(xy[:, 0].var()) >= abs(xy[:, 1].var())
+
+
+def test_episode_columns_hold_what_the_report_reads_from_each_record():
+    from spade_async.report.data import Episodes
+
+    recs = [{"time": 10.0 + i, "hinted": i % 2 == 1, "score": i / 10, "policy_version": i // 3,
+             "seconds": 1.5, "sampled_tokens": 7, "prompt_len": 100 + i,
+             "turns": [{"action": "x" * 100}],  # the transcript is not kept
+             **({"error": "boom", "error_kind": "timeout" if i < 8 else None, "score": None}
+                if i >= 6 else {"error": None})} for i in range(10)]
+    eps = Episodes([{"no": "time"}, *recs])
+    assert len(eps) == 10 and bool(eps) and not Episodes()
+    assert eps.time.tolist() == [10.0 + i for i in range(10)]
+    assert eps.hinted.tolist() == [i % 2 == 1 for i in range(10)]
+    assert eps.failed.tolist() == [i >= 6 for i in range(10)]
+    assert np.isnan(eps.score[6:]).all() and eps.score[3] == np.float32(0.3)
+    assert eps.failures() == {"timeout": 2, "unknown": 2}
+    assert eps.policy_version.tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3]
+    # the cost ledger's sums, prompt tokens included
+    assert eps.total("prompt_len") == sum(100 + i for i in range(10))
+    assert eps.total("seconds") == 15.0 and eps.total("sampled_tokens") == 70
+    assert Episodes().failures() == {} and Episodes().total("seconds") == 0.0

@@ -10,7 +10,8 @@ import numpy as np
 
 def rolling_mean(values: Iterable[float], window: int) -> np.ndarray:
     """Mean of the last `window` values at each position (fewer at the start)."""
-    x = np.asarray(list(values), dtype=np.float64)
+    x = np.asarray(values if isinstance(values, np.ndarray) else list(values),
+                   dtype=np.float64)
     if not len(x):
         return x
     c = np.concatenate([[0.0], np.cumsum(x)])

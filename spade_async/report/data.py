@@ -18,18 +18,85 @@ writes (or replays).
 
 from __future__ import annotations
 
+from array import array
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import numpy as np
 
 from spade_async.core.config import SpadeConfig, run_dir
 from spade_async.core.io import read_jsonl
 from spade_async.core.rolling import iter_jsonl
 
 
+class Episodes:
+    """The run's episodes as the report reads them, without their transcripts: one column per
+    field the plots, the summary and the cost ledger use, filled as the records stream by
+    (`array` while reading, numpy views after), so a run of millions of episodes reports in
+    bounded memory: 43 bytes an episode, where a dict per episode cost ~1 kB and a slotted
+    object ~300 bytes. A failed episode (an endpoint or sandbox error: it never scored) keeps
+    its error kind, as a code into `kinds`."""
+
+    _COLUMNS = (("time", "d"), ("hinted", "b"), ("score", "f"), ("failed", "b"),
+                ("kind", "h"), ("policy_version", "l"), ("seconds", "f"),
+                ("sampled_tokens", "l"), ("prompt_len", "l"))
+
+    def __init__(self, records: Iterable[dict] = ()) -> None:
+        cols = {name: array(code) for name, code in self._COLUMNS}
+        self.kinds: list[str] = []
+        codes: dict[str, int] = {}
+        for rec in records:
+            if "time" not in rec:
+                continue
+            failed = bool(rec.get("error"))
+            kind = -1
+            if failed:
+                name = rec.get("error_kind") or "unknown"
+                if (kind := codes.get(name, -1)) < 0:
+                    kind = codes[name] = len(self.kinds)
+                    self.kinds.append(name)
+            cols["time"].append(float(rec["time"]))
+            cols["hinted"].append(bool(rec.get("hinted")))
+            score = rec.get("score")
+            cols["score"].append(float("nan") if score is None else float(score))
+            cols["failed"].append(failed)
+            cols["kind"].append(kind)
+            cols["policy_version"].append(int(rec.get("policy_version") or 0))
+            cols["seconds"].append(float(rec.get("seconds") or 0.0))
+            cols["sampled_tokens"].append(int(rec.get("sampled_tokens") or 0))
+            cols["prompt_len"].append(int(rec.get("prompt_len") or 0))
+        for name, code in self._COLUMNS:
+            dtype = bool if name in ("hinted", "failed") else np.dtype(code)
+            setattr(self, name, np.frombuffer(cols[name], dtype=np.dtype(code)).astype(dtype)
+                    if cols[name] else np.zeros(0, dtype=dtype))
+
+    def __len__(self) -> int:
+        return len(self.time)
+
+    def __bool__(self) -> bool:
+        return len(self) > 0
+
+    def failures(self) -> dict[str, int]:
+        """Failed episodes by error kind."""
+        if not self.kinds:
+            return {}
+        n = np.bincount(self.kind[self.failed], minlength=len(self.kinds))
+        return {k: int(c) for k, c in zip(self.kinds, n, strict=True) if c}
+
+    def total(self, column: str) -> float:
+        return float(getattr(self, column).sum(dtype=np.float64)) if len(self) else 0.0
+
+
+def slim_episodes(path: Path) -> Episodes:
+    """episodes.jsonl and its rolled segments, streamed into columns."""
+    return Episodes(iter_jsonl(path))
+
+
 @dataclass
 class RunData:
     designs: list[dict] = field(default_factory=list)
-    episodes: list[EpisodeRow] = field(default_factory=list)
+    episodes: Episodes = field(default_factory=Episodes)
     plays: list[dict] = field(default_factory=list)
     envs: list[dict] = field(default_factory=list)  # memory export, with embeddings
     steps: list[dict] = field(default_factory=list)
@@ -41,43 +108,20 @@ class RunData:
 
     @property
     def t0(self) -> float:
-        times = [float(r["time"]) for src in (self.designs, self.episodes, self.plays, self.steps)
+        times = [float(r["time"]) for src in (self.designs, self.plays, self.steps)
                  for r in src if "time" in r]
+        if len(self.episodes):
+            times.append(float(self.episodes.time.min()))
         return min(times) if times else 0.0
 
-
-class EpisodeRow:
-    """One episode as the report reads it, without its transcript: the fields the plots, the
-    summary and the cost ledger use, in slots (a run of millions of episodes reports in
-    bounded memory: ~150 bytes an episode). Reads like the record's dict: `row["time"]`,
-    `row.get("score", 0.0)`."""
-
-    __slots__ = ("time", "hinted", "score", "error", "error_kind", "policy_version",
-                 "seconds", "sampled_tokens")
-
-    def __init__(self, rec: dict) -> None:
-        for k in self.__slots__:
-            setattr(self, k, rec.get(k))
-        if isinstance(self.error, str):
-            self.error = self.error[:120]
-
-    def get(self, key: str, default: object = None) -> object:
-        value = getattr(self, key, None) if key in self.__slots__ else None
-        return default if value is None else value
-
-    def __getitem__(self, key: str) -> object:
-        value = self.get(key)
-        if value is None:
-            raise KeyError(key)
-        return value
-
-    def __contains__(self, key: str) -> bool:
-        return self.get(key) is not None
-
-
-def slim_episodes(path: Path) -> list[EpisodeRow]:
-    """episodes.jsonl and its rolled segments, streamed, each as an EpisodeRow."""
-    return [EpisodeRow(e) for e in iter_jsonl(path) if "time" in e]
+    @property
+    def t_last(self) -> float | None:
+        """The last record's time (None before any)."""
+        times = [float(r["time"]) for src in (self.designs, self.steps) for r in src
+                 if "time" in r]
+        if len(self.episodes):
+            times.append(float(self.episodes.time.max()))
+        return max(times) if times else None
 
 
 def load_run(cfg: SpadeConfig) -> RunData:

@@ -37,18 +37,21 @@ def plot_regret(d: RunData, ax_regret, ax_solve, solved_at: float) -> None:
     else:
         empty(ax_regret, "played environments")
     ax_regret.set_title("Regret per played environment")
-    eps = [e for e in d.episodes if not e.get("error")]
-    if eps:
+    eps = d.episodes
+    scored = ~eps.failed
+    if scored.any():
         for hinted, label in ((False, "unhinted"), (True, "hinted")):
-            sel = [e for e in eps if bool(e.get("hinted")) is hinted]
-            if not sel:
+            sel = scored & (eps.hinted == hinted)
+            if not sel.any():
                 continue
-            solved = [float(float(e.get("score", 0.0)) >= solved_at) for e in sel]
-            score = [float(e.get("score", 0.0)) for e in sel]
-            t = minutes(sel, t0)
-            ax_solve.plot(t, rolling_mean(solved, 20), lw=1.8, label=f"{label} solve rate")
-            ax_solve.plot(t, rolling_mean(score, 20), lw=1, ls="--",
-                          label=f"{label} mean score")
+            score = np.nan_to_num(eps.score[sel].astype(np.float64))
+            t = (eps.time[sel] - t0) / 60.0
+            solved = rolling_mean(score >= solved_at, 20)
+            mean = rolling_mean(score, 20)
+            # a week's millions of episodes drawn as at most ~4k points of the same curve
+            keep = slice(None, None, max(1, len(t) // 4000))
+            ax_solve.plot(t[keep], solved[keep], lw=1.8, label=f"{label} solve rate")
+            ax_solve.plot(t[keep], mean[keep], lw=1, ls="--", label=f"{label} mean score")
         ax_solve.set_ylabel("rolling over 20 episodes")
         ax_solve.set_ylim(-0.05, 1.05)
         ax_solve.legend(loc="upper left", fontsize=8)
@@ -56,7 +59,7 @@ def plot_regret(d: RunData, ax_regret, ax_solve, solved_at: float) -> None:
         empty(ax_solve, "episodes")
     ax_solve.set_title(f"Solve rate (score >= {solved_at:g}) and mean score, hinted vs unhinted")
     ax_solve.set_xlabel("minutes since the run started")
-    if d.plays and eps:
+    if d.plays and scored.any():
         same_x(ax_regret, ax_solve)
 
 

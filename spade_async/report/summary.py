@@ -8,6 +8,8 @@ import json
 from collections import Counter
 from typing import Any
 
+import numpy as np
+
 from spade_async.core.config import SpadeConfig, run_dir
 from spade_async.report.curriculum import (
     curriculum,
@@ -41,8 +43,7 @@ def summary(cfg: SpadeConfig, d: RunData) -> dict[str, Any]:
                  if isinstance(s.get("publish"), dict) and s["publish"].get("ok")]
     return {
         "data_dir": str(cfg.paths.data_dir),
-        "minutes": round((max(float(r["time"]) for r in d.designs + d.episodes + d.steps)
-                          - d.t0) / 60.0, 1) if (d.designs or d.episodes or d.steps) else 0.0,
+        "minutes": round((d.t_last - d.t0) / 60.0, 1) if d.t_last is not None else 0.0,
         "designs": len(d.designs),
         "accepted": outcomes.get("accepted", 0),
         "rejected_by_reason": {k: v for k, v in outcomes.most_common() if k != "accepted"},
@@ -51,9 +52,8 @@ def summary(cfg: SpadeConfig, d: RunData) -> dict[str, Any]:
                    "error": d.memory_error},
         "episodes": len(d.episodes),
         # failed on the endpoint or in the sandbox: never scores, counted here by kind
-        "episodes_failed": dict(Counter(e.get("error_kind") or "unknown" for e in d.episodes
-                                        if e.get("error"))),
-        "episode_versions": sorted({int(e.get("policy_version", 0)) for e in d.episodes}),
+        "episodes_failed": d.episodes.failures(),
+        "episode_versions": [int(v) for v in np.unique(d.episodes.policy_version)],
         "envs_played": len(d.plays),
         "regret_mean": round(sum(regrets) / len(regrets), 4) if regrets else None,
         "hint_leak": _leak_summary(d.plays),
