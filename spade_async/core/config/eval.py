@@ -10,7 +10,7 @@ from spade_async.core.config.seeds import seed_catalog
 from spade_async.core.strict import Strict
 
 SuiteName = Literal["reasoning-gym", "reasoning-gym-easy", "bfcl-multi-turn", "humaneval",
-                    "probe", "probe-greedy"]
+                    "textarena", "probe", "probe-greedy"]
 # The suites of fixed training variants (not held out): sampled at the rollout's temperature,
 # and greedy. Both play the same tasks (variants, episode seeds, request seeds).
 PROBE_SUITES: tuple[str, ...] = ("probe", "probe-greedy")
@@ -65,6 +65,9 @@ class EvalConfig(Strict):
                                    "humaneval_temperature for the unbiased pass@k, k <= n")
     humaneval_temperature: float = Field(0.8, gt=0, le=2, description="sampling temperature "
                                          "when humaneval_samples > 1")
+    textarena_per_game: int = Field(8, ge=1, le=1000, description="TextArena games: tasks "
+                                    "(fixed seeds) per seeded game (LightsOut, Minesweeper, "
+                                    "Sudoku), beside one per Tower of Hanoi size")
     max_tokens: int = Field(384, ge=16, description="completion budget of one answer / turn")
     max_seq_len: int = Field(8192, ge=512, description="prompt + turns of one task: BFCL's tool "
                              "docs alone take 2.2k-5.2k tokens (inference.sh serves at least "
