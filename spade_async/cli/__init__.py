@@ -10,6 +10,7 @@ from spade_async.cli.bench.envs import bench_ladder, bench_sandbox, bench_valida
 from spade_async.cli.bench.learn import bench_learn
 from spade_async.cli.bench.memory import bench_memory, bench_report
 from spade_async.cli.bench.serving import bench_endpoints, bench_inference, bench_pipeline
+from spade_async.cli.bench.soak import bench_soak
 from spade_async.cli.bench.trainer import bench_trainer
 from spade_async.cli.config_cmd import show_config
 from spade_async.cli.endpoints import endpoints_app
@@ -49,7 +50,8 @@ for name, command in (("memory", bench_memory), ("inference", bench_inference),
                       ("sandbox", bench_sandbox), ("ladder", bench_ladder),
                       ("pipeline", bench_pipeline), ("endpoints", bench_endpoints),
                       ("trainer", bench_trainer), ("learn", bench_learn),
-                      ("validation", bench_validation), ("report", bench_report)):
+                      ("validation", bench_validation), ("report", bench_report),
+                      ("soak", bench_soak)):
     bench_app.command(name)(command)
 
 app.add_typer(endpoints_app, name="endpoints")

@@ -18,6 +18,7 @@ from spade_async.core.logs import get_logger
 from spade_async.core.policy import PolicyVersion, current_path
 from spade_async.core.rolling import Retention, RollingFile, rolling
 from spade_async.core.spool.base import BatchSpool
+from spade_async.core.timings import RecentTimes
 from spade_async.envs.contract import EnvMeta, ParamSpec
 from spade_async.envs.hint_reader import HintReader
 from spade_async.envs.validate import validate
@@ -62,6 +63,7 @@ class LoopContext:
         self.failures = Failures(run_dir, self.metrics, self.retention)
         self.ledger = SampleLedger(self.metrics)  # every played sample: written or dropped
         self.usage = TokenUsage(self.metrics)  # prompt and sampled tokens per role
+        self.memory_times = RecentTimes()  # each memory operation's wait (status.json)
         # who designs, plays and evaluates where, and by which path (DESIGN §5)
         self.routes = {r: role_route(cfg, r) for r in ROLES}
         self.stop_requested = anyio.Event()  # the CLI starts its drain deadline on it
@@ -142,8 +144,10 @@ class LoopContext:
     async def memory_op(self, call: Any, **context: Any) -> Any:
         """A memory operation, tried again on I/O failure (each is idempotent: inserts are
         keyed by the code's hash)."""
-        return await self.failures.retrying("memory", call,
-                                            attempts=self.cfg.daemon.item_attempts, **context)
+        with self.memory_times.timed():  # its retries included: the wait the loop sees
+            return await self.failures.retrying("memory", call,
+                                                attempts=self.cfg.daemon.item_attempts,
+                                                **context)
 
     async def meta(self, env_id: str, code: str) -> EnvMeta:
         """What a stored environment says about itself (its knobs), loaded in the sandbox

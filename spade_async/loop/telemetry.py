@@ -14,6 +14,7 @@ from typing import Any
 import anyio
 
 from spade_async.core.io import atomic_write_text
+from spade_async.core.timings import RecentTimes
 from spade_async.loop.context import LoopContext
 
 
@@ -43,6 +44,7 @@ class Telemetry:
         # back-pressure holds new work): [saturation-seconds, seconds].
         self._sat: dict[str, dict[str, list[float]]] = {}
         self._sat_prev: dict[str, tuple[float, float]] = {}
+        self.tick_times = RecentTimes(keep=256)  # building and writing status.json
 
     def status(self) -> dict[str, Any]:
         ctx = self.ctx
@@ -79,12 +81,16 @@ class Telemetry:
             "stop_reason": ctx.stop_reason,
             "start_version": ctx.start_version,
             "waiting_for_trainer": ctx.waiting_for_trainer,
+            # recent latencies (a long run's reads must not slow down with its age)
+            "memory_ops": ctx.memory_times.as_dict(),
+            "status_tick": self.tick_times.as_dict(),
         }
 
     def write_status(self) -> None:
         # rewritten every few seconds: atomic (readers never see half), not fsynced
-        atomic_write_text(self.ctx.run_dir / "status.json", json.dumps(self.status(), indent=1),
-                          durable=False)
+        with self.tick_times.timed():
+            atomic_write_text(self.ctx.run_dir / "status.json",
+                              json.dumps(self.status(), indent=1), durable=False)
 
     async def run(self) -> None:
         """Every `daemon.status_interval_s`: the gauges, the saturation samples, status.json."""
