@@ -21,28 +21,31 @@ from trainer.step import StepRunner
 
 
 def export_version(runner: StepRunner, kind: str, data_dir: Path, version: int, *,
-                   transfer: Any = None) -> Path:
+                   transfer: Any = None, files: bool = True) -> Path:
     """Collective: gather the weights to rank 0, which writes `weights/vN` atomically: a peft
     adapter directory (kind 'adapter') or a full HF checkpoint in the serving dtype with any
-    LoRA merged in (kind 'full'); the full weights also go to the NCCL transfer, if any."""
+    LoRA merged in (kind 'full'); the full weights also go to the NCCL transfer, if any
+    (`transfer.set_weights(state, version)`). `files=False` (only NCCL publishes) writes
+    nothing: the returned path does not exist."""
     adapter = kind == "adapter"
     full = get_model_state_dict(runner.model, options=StateDictOptions(
         full_state_dict=True, cpu_offload=True, ignore_frozen_params=adapter))
     weights, path = weights_dir(data_dir), version_dir(data_dir, version)
-    if runner.d.is_main:
+    if runner.d.is_main and not files:
+        if adapter or transfer is None:
+            raise ValueError("only full weights sent over NCCL may skip their files")
+        transfer.set_weights(_serving_state(runner, full), version)
+        shutil.rmtree(path, ignore_errors=True)  # an older run's files are not this version
+    elif runner.d.is_main:
         tmp = weights / f".v{version}.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         if adapter:
             inner(runner.model).lm.save_pretrained(tmp, state_dict=adapter_state_dict(full))
         else:
-            tcfg = runner.tcfg
-            state = merged_state_dict(full, lora=runner.lora,
-                                      scaling=tcfg.lora_alpha / tcfg.lora_rank,
-                                      tied=ties_embeddings(runner.base_dir))
-            dtype = runner.precision.serving_dtype
-            save_full_weights(state, runner.base_dir, tmp, dtype)
+            state = _serving_state(runner, full)
+            save_full_weights(state, runner.base_dir, tmp, runner.precision.serving_dtype)
             if transfer is not None:
-                transfer.set_weights({k: v.to(dtype) for k, v in state.items()})
+                transfer.set_weights(state, version)
         for f in tmp.iterdir():
             with open(f, "rb") as fh:
                 os.fsync(fh.fileno())
@@ -51,3 +54,12 @@ def export_version(runner: StepRunner, kind: str, data_dir: Path, version: int, 
         fsync_dir(weights)
     dist.barrier()
     return path
+
+
+def _serving_state(runner: StepRunner, full: dict[str, Any]) -> dict[str, Any]:
+    """HF checkpoint names, any LoRA merged in, in the serving dtype."""
+    tcfg = runner.tcfg
+    state = merged_state_dict(full, lora=runner.lora, scaling=tcfg.lora_alpha / tcfg.lora_rank,
+                              tied=ties_embeddings(runner.base_dir))
+    dtype = runner.precision.serving_dtype
+    return {k: v.to(dtype) for k, v in state.items()}

@@ -38,7 +38,13 @@ from trainer.buffer import OpenBatches, SampleBuffer, StepPlan
 from trainer.checkpoint import Checkpointer, TrainerState
 from trainer.export import export_version
 from trainer.parallel import Dist, broadcast_int
-from trainer.publish import Publisher, PublishError, artifact_kind
+from trainer.publish import (
+    Publisher,
+    PublishError,
+    artifact_kind,
+    nccl_group_swap,
+    publishes_files,
+)
 from trainer.step import StepRunner
 
 log = get_logger("trainer")
@@ -65,6 +71,8 @@ class Trainer:
         self.weights = weights_dir(cfg.paths.data_dir)
         self.publishing = tcfg.publish_every_steps > 0
         self.kind = artifact_kind(cfg, tcfg) if self.publishing else None
+        # weights/vN on disk: not when every publishing endpoint takes them over NCCL
+        self._files = not self.publishing or publishes_files(cfg)
         self.stop_requested = False
         # True while a step may be abandoned at once on SIGTERM/SIGINT: one rank, and the
         # weights not yet changed by it, so the stop checkpoints the steps before it and its
@@ -292,9 +300,11 @@ class Trainer:
     # ---- versions ------------------------------------------------------------------------------
 
     def _transfers(self) -> dict[str, Any]:
-        """The Publisher's NCCL arguments: one transfer per vllm-nccl endpoint, built on this
-        rank's device, and the vLLM version check (both only where such endpoints exist)."""
-        if not any(e.weight_swap.type == "vllm-nccl" for e in self.cfg.endpoints):
+        """The Publisher's NCCL arguments: the one transfer of the group over every
+        vllm-nccl endpoint, built on this rank's device, and the vLLM version check (both only
+        where such endpoints exist)."""
+        group = nccl_group_swap(self.cfg)
+        if group is None:
             return {}
         from trainer.nccl_transfer import (
             NcclWeightTransfer,
@@ -302,19 +312,22 @@ class Trainer:
             resolve_master_address,
         )
 
-        def make(e: Any) -> NcclWeightTransfer:
-            swap = e.weight_swap
-            return NcclWeightTransfer(
-                self.d.device, port_range=swap.port_range,
-                master_address=resolve_master_address(swap.master_address, e.name, e.base_url))
+        def make(endpoints: list[Any]) -> NcclWeightTransfer:
+            # one rendezvous address, reachable from every server (checked against each)
+            address = {resolve_master_address(group.master_address, e.name, e.base_url)
+                       for e in endpoints}.pop()
+            return NcclWeightTransfer(self.d.device, master_address=address,
+                                      port_range=group.port_range,
+                                      bucket_bytes=group.bucket_bytes,
+                                      bucket_buffers=group.bucket_buffers)
 
-        return {"transfers": make, "server_version_check": check_vllm_version}
+        return {"transfer": make, "server_version_check": check_vllm_version}
 
     def _export(self, version: int) -> Path:
-        transfer = (self.publisher if self.publisher is not None and self.publisher.transfers
-                    else None)
+        transfer = (self.publisher if self.publisher is not None
+                    and self.publisher.transfer is not None else None)
         return export_version(self.runner, self.kind or "adapter", self.cfg.paths.data_dir, version,
-                              transfer=transfer)
+                              transfer=transfer, files=self._files)
 
     def _resume_publish(self) -> None:
         """After a restart: push the checkpoint's version if current.json is behind it."""
@@ -338,11 +351,15 @@ class Trainer:
                 "come from another run; remove that file (and the run's weights) or restore "
                 "its checkpoints")
         if published == self.version or self.version == 0:
+            if not self._files and self.version > 0:
+                self._export(self.version)  # the group's transfer holds it, for restore_lost
             if self.d.is_main and self.publisher is not None:
                 self.publisher.adopt_server_state(self.version)
             return
         path = version_dir(self.cfg.paths.data_dir, self.version)
-        if not path.is_dir():  # cannot happen when the export precedes the checkpoint
+        # No directory cannot happen when the export precedes the checkpoint, unless only NCCL
+        # publishes: then nothing is on disk and the export hands the weights to the group.
+        if not path.is_dir() or not self._files:
             path = self._export(self.version)
         if self.d.is_main and self.publisher is not None:
             self.publisher.adopt_server_state(self.version)

@@ -8,6 +8,11 @@ the endpoint's deadline and every swap attempt `publish_timeout_s`; a failed end
 retried `publish_attempts` times, logged each time, and reported in `PublishError`: the
 version is then not recorded, and the trainer tries again later. `current.json` moves only
 once every endpoint serves the version.
+
+The vllm-nccl endpoints form one NCCL group (trainer/swap/nccl.py `NcclGroup`), pushed as one
+unit: a collective cannot leave a member out. When every publishing endpoint is vllm-nccl,
+`publishes_files` is False and the trainer writes no weight files for a version (the weights
+travel from its memory); its own checkpoints are unchanged.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from typing import Any
 import anyio
 from anyio.from_thread import start_blocking_portal
 
-from spade_async.core.config import EndpointConfig, SpadeConfig
+from spade_async.core.config import EndpointConfig, SpadeConfig, VllmNcclSwap
 from spade_async.core.config.trainer import TrainerConfig
 from spade_async.core.logs import get_logger
 from spade_async.core.policy import current_version, version_dir, weights_dir, write_current
@@ -31,7 +36,7 @@ from spade_async.inference.pool import EndpointPool
 from trainer.swap.base import WeightSwapper
 from trainer.swap.factory import make_swapper
 from trainer.swap.lora import LoraSwapper
-from trainer.swap.nccl import NcclSwapper
+from trainer.swap.nccl import NcclGroup, NcclSwapper
 from trainer.swap.none import NoSwapper
 from trainer.versions import prune_versions
 
@@ -80,14 +85,42 @@ def artifact_kind(cfg: SpadeConfig, tcfg: TrainerConfig) -> str:
     return "full"
 
 
+def publishes_files(cfg: SpadeConfig) -> bool:
+    """Whether a version needs its weight files: some publishing endpoint loads them from disk
+    (vllm-reload, vllm-lora). Only vllm-nccl endpoints: no, the weights go over NCCL."""
+    kinds = {e.weight_swap.type for e in cfg.endpoints} - {"none"}
+    return kinds != {"vllm-nccl"}
+
+
+# The settings one group has once: every vllm-nccl endpoint must give the same values.
+_GROUP_KEYS = ("master_address", "port_range", "bucket_bytes", "bucket_buffers")
+
+
+def nccl_group_swap(cfg: SpadeConfig) -> VllmNcclSwap | None:
+    """The weight_swap settings of the one NCCL group over every vllm-nccl endpoint (the
+    longest timeout_s of theirs); PublishConfigError names the endpoints that disagree on a
+    setting the group has once."""
+    members = [e for e in cfg.endpoints if isinstance(e.weight_swap, VllmNcclSwap)]
+    if not members:
+        return None
+    for key in _GROUP_KEYS:
+        values = {e.name: getattr(e.weight_swap, key) for e in members}
+        if len({repr(v) for v in values.values()}) > 1:
+            raise PublishConfigError(
+                f"the vllm-nccl endpoints form one NCCL group, which has one weight_swap.{key}, "
+                f"but they set {', '.join(f'{n}: {v}' for n, v in values.items())}")
+    first = members[0].weight_swap
+    return first.model_copy(update={"timeout_s": max(e.weight_swap.timeout_s for e in members)})
+
+
 class Publisher:
     """`with Publisher(cfg, tcfg) as pub: pub.publish(version, path)` (rank 0)."""
 
     def __init__(self, cfg: SpadeConfig, tcfg: TrainerConfig, *,
-                 transfers: Callable[[EndpointConfig], Any] | None = None,
+                 transfer: Callable[[list[EndpointConfig]], Any] | None = None,
                  server_version_check: Callable[[str, str], None] | None = None) -> None:
-        """`transfers(endpoint)` builds the trainer's side of one vllm-nccl endpoint's NCCL
-        group (one each: see trainer/nccl_transfer.py); `server_version_check(version,
+        """`transfer(endpoints)` builds the trainer's side of the one NCCL group over the
+        vllm-nccl endpoints (trainer/nccl_transfer.py); `server_version_check(version,
         endpoint)` raises when a vllm-nccl server's vLLM is not the trainer's."""
         self.cfg, self.tcfg = cfg, tcfg
         self.lineage: str | None = None  # the trainer's checkpoint lineage, into current.json
@@ -97,9 +130,12 @@ class Publisher:
         self.endpoints = [e for e in cfg.endpoints if e.weight_swap.type != "none"]
         self.nccl = [e for e in self.endpoints if e.weight_swap.type == "vllm-nccl"]
         self.needs_transfer = bool(self.nccl)
-        self._make_transfer = transfers
+        self.writes_files = publishes_files(cfg)
+        nccl_group_swap(cfg)  # endpoints that cannot share one group: refused here
+        self._make_transfer = transfer
         self._version_check = server_version_check
-        self.transfers: dict[str, Any] = {}
+        self.transfer: Any = None
+        self.group: NcclGroup | None = None
         self.swappers: dict[str, WeightSwapper] = {}
         self._stack = contextlib.ExitStack()
 
@@ -113,11 +149,12 @@ class Publisher:
             self._stack.callback(self.portal.call, self.pool.aclose)
             served = self.cfg.model.served_name
             for e in self.endpoints:
-                swapper = make_swapper(self.pool, e.name, served, self.cfg.model.adapter_prefix)
-                if isinstance(swapper, NcclSwapper) and self._make_transfer is not None:
-                    self.transfers[e.name] = self._make_transfer(e)
-                    swapper.attach(self.transfers[e.name])
-                self.swappers[e.name] = swapper
+                self.swappers[e.name] = make_swapper(self.pool, e.name, served,
+                                                     self.cfg.model.adapter_prefix)
+            members = [s for s in self.swappers.values() if isinstance(s, NcclSwapper)]
+            if members and self._make_transfer is not None:
+                self.transfer = self._make_transfer(self.nccl)
+                self.group = NcclGroup(members, self.transfer)
             if self._version_check is not None and self.nccl:
                 self.portal.call(self._check_versions)
         except BaseException:
@@ -134,15 +171,15 @@ class Publisher:
         assert self._version_check is not None
         for health in await self.pool.check():
             caps = health.capabilities
-            if health.name not in self.transfers or caps is None:
+            if self.group is None or health.name not in self.group.names or caps is None:
                 continue
             if caps.server.startswith("vLLM "):
                 self._version_check(caps.server.removeprefix("vLLM "), health.name)
 
-    def set_weights(self, state: dict[str, Any]) -> None:
-        """The full weights of the version to send next, to every endpoint's NCCL group."""
-        for transfer in self.transfers.values():
-            transfer.set_weights(state)
+    def set_weights(self, state: dict[str, Any], version: int | None = None) -> None:
+        """The full weights of `version`, to send next to the NCCL group."""
+        if self.transfer is not None:
+            self.transfer.set_weights(state, version)
 
     # ---- alternate phases --------------------------------------------------------------------
 
@@ -204,7 +241,8 @@ class Publisher:
         if version == 0:
             return []
         path = version_dir(self.data_dir, version)
-        restored = []
+        restored: list[str] = []
+        lost_nccl: list[str] = []
         for health in self.portal.call(self.pool.check):
             swapper = self.swappers[health.name]
             if not health.up or isinstance(swapper, NoSwapper):
@@ -218,10 +256,11 @@ class Publisher:
             elif health.weight_version == str(version) and not (
                     isinstance(swapper, NcclSwapper) and swapper.held_paused):
                 continue  # (a server held paused by a partial update needs the push)
-            if isinstance(swapper, NcclSwapper):
-                swapper.connected = False  # the server's side of the group died with it
             log.warning("endpoint_lost_version", endpoint=health.name, version=version,
                         adapters=list(health.adapters), weight_version=health.weight_version)
+            if isinstance(swapper, NcclSwapper):
+                lost_nccl.append(health.name)  # pushed below, with the whole group
+                continue
             try:
                 self.portal.call(self._swap_within_deadline, swapper, version, path)
             except (EndpointError, TimeoutError) as exc:
@@ -230,7 +269,24 @@ class Publisher:
                 continue
             log.info("version_restored", endpoint=health.name, version=version)
             restored.append(health.name)
+        if lost_nccl and self.group is not None:
+            # A restarted server left the group for good: every member sets it up again and
+            # receives the version (one collective reaches all of them).
+            self.group.connected = False
+            try:
+                self.portal.call(self._group_within_deadline, version)
+            except (EndpointError, TimeoutError) as exc:
+                log.error("restore_failed", endpoints=lost_nccl, version=version,
+                          error=str(exc) or type(exc).__name__)
+            else:
+                log.info("version_restored", endpoints=self.group.names, version=version)
+                restored.extend(lost_nccl)
         return restored
+
+    async def _group_within_deadline(self, version: int) -> None:
+        assert self.group is not None
+        with anyio.fail_after(self.tcfg.publish_timeout_s):
+            await self.group.swap_all(version)
 
     async def _swap_within_deadline(self, swapper: WeightSwapper, version: int,
                                     path: Path) -> None:
@@ -246,7 +302,8 @@ class Publisher:
         swap_s, attempts = self.portal.call(self._push_all, version, path)
         model = self.model_name(version)
         write_current(self.data_dir, {
-            "version": version, "model": model, "path": str(path),
+            "version": version, "model": model,
+            "path": str(path) if Path(path).is_dir() else None,  # None: only NCCL publishes
             "endpoints": sorted(swap_s), "published_at": time.time(),
             **({"lineage": self.lineage} if self.lineage else {})})
         report = PublishReport(version, model, time.perf_counter() - t0, swap_s, attempts)
@@ -278,17 +335,38 @@ class Publisher:
                 swap_s[name] = round(result.seconds, 4)
                 return
 
-        async def push_in_turn(names: list[str]) -> None:
-            for name in names:  # one NCCL group at a time: each broadcast has the GPU's links
-                await push(name, self.swappers[name])
+        async def push_group(group: NcclGroup) -> None:
+            """The vllm-nccl servers as one unit: a collective cannot leave a member out."""
+            names = group.names
+            for attempt in range(1, self.tcfg.publish_attempts + 1):
+                attempts.update(dict.fromkeys(names, attempt))
+                try:
+                    with anyio.fail_after(self.tcfg.publish_timeout_s):
+                        results = await group.swap_all(version)
+                except (EndpointError, TimeoutError) as exc:
+                    why = str(exc) or f"no answer within {self.tcfg.publish_timeout_s}s"
+                    failures.update(dict.fromkeys(names, why))
+                    log.warning("publish_attempt_failed", endpoint=",".join(names),
+                                version=version, attempt=attempt,
+                                of=self.tcfg.publish_attempts, error=why)
+                    if attempt < self.tcfg.publish_attempts:
+                        await anyio.sleep(min(0.5 * 2 ** (attempt - 1), 10.0))
+                    continue
+                for name, result in results.items():
+                    failures.pop(name, None)
+                    swap_s[name] = round(result.seconds, 4)
+                return
 
-        nccl = [e.name for e in self.nccl]
         async with anyio.create_task_group() as tg:
             for name, swapper in self.swappers.items():
-                if name not in nccl:
+                if not isinstance(swapper, NcclSwapper):
                     tg.start_soon(push, name, swapper)
-            if nccl:
-                tg.start_soon(push_in_turn, nccl)
+            if self.nccl:
+                if self.group is None:  # no transfer: the swapper's own error names it
+                    for e in self.nccl:
+                        tg.start_soon(push, e.name, self.swappers[e.name])
+                else:
+                    tg.start_soon(push_group, self.group)
         if failures:
             raise PublishError(version, failures)
         return swap_s, attempts

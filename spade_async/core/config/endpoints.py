@@ -22,10 +22,13 @@ class VllmReloadSwap(Strict):
 
 
 class VllmNcclSwap(Strict):
-    """vLLM's NCCL weight transfer: the trainer's rank 0 and this server's workers form one
-    NCCL group per endpoint (the trainer at rank 0, the workers at 1..world_size). The server
-    is started with `--weight-transfer-config '{"backend": "nccl"}'` in dev mode
-    (scripts/inference.sh does it for such an endpoint)."""
+    """vLLM's NCCL weight transfer: the trainer's rank 0 and the workers of EVERY vllm-nccl
+    endpoint form one NCCL group (the trainer at rank 0, each server's workers after the
+    servers listed before it), and each version goes out as packed broadcasts of
+    `bucket_bytes`, each reaching every server at once. The group's settings (all but
+    timeout_s) must be the same on every vllm-nccl endpoint. The server is started with
+    `--weight-transfer-config '{"backend": "nccl"}'` in dev mode (scripts/inference.sh does it
+    for such an endpoint)."""
 
     type: Literal["vllm-nccl"] = "vllm-nccl"
     timeout_s: float = Field(120.0, gt=0, description="deadline of every NCCL step (the "
@@ -37,6 +40,13 @@ class VllmNcclSwap(Strict):
     port_range: tuple[int, int] | None = Field(
         None, description="[first, last] TCP ports the trainer may listen on for the rendezvous "
         "(open them between the hosts). None: any free port")
+    bucket_bytes: int = Field(
+        1024 * 1024 * 1024, ge=1, description="bytes per packed broadcast (vLLM's "
+        "packed_buffer_size_bytes, sent to the workers at the handshake): a bucket closes after "
+        "the tensor that takes it past this size. The workers hold up to bucket_buffers of them "
+        "on their GPUs, the trainer one")
+    bucket_buffers: int = Field(2, ge=1, description="the workers' receive buffers (vLLM's "
+                                "packed_num_buffers: double buffering at 2)")
 
     @model_validator(mode="after")
     def _ports(self) -> VllmNcclSwap:

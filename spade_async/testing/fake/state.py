@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass
@@ -38,18 +39,21 @@ class FakeState:
     completions: list[dict] = field(default_factory=list)  # every completions request body
     # Every request as "METHOD /path[?query]", in arrival order (the NCCL sequence tests).
     request_log: list[str] = field(default_factory=list)
-    # vLLM's NCCL weight-transfer routes (see `nccl.py`). The "wire" is shared memory: the
-    # trainer side under test appends (name, dtype, shape) tuples to `nccl_wire` as it
-    # broadcasts, and sets `nccl_joined` when it has joined the group.
+    # vLLM's NCCL weight-transfer routes (see `nccl.py`): the group this server's
+    # `nccl_world_size` workers joined (an in-process FakeNcclGroup the trainer side under test
+    # joins as rank 0), what arrived (names, dtypes, shapes; each tensor's bytes) and how many
+    # broadcasts each update took.
     nccl_world_size: int = 1
     nccl_init: dict | None = None
-    nccl_joined: bool = False
-    nccl_wire: list[tuple[str, str, tuple[int, ...]]] = field(default_factory=list)
+    nccl_group: Any = None
     nccl_updating: bool = False
     nccl_received: list[tuple[str, str, tuple[int, ...]]] = field(default_factory=list)
-    nccl_wait_s: float = 10.0  # how long a blocking route waits for the trainer side
+    nccl_tensors: dict[str, bytes] = field(default_factory=dict)
+    nccl_broadcasts: list[int] = field(default_factory=list)  # per completed update
+    nccl_wait_s: float = 10.0  # how long a blocking route waits for the rest of the group
     nccl_stuck: bool = False  # /update_weights (and then /finish) never answer: a wedged worker
     nccl_fail_finish: int = 0  # the next N /finish_weight_update answer 500
+    nccl_configured: bool = True  # False: started without --weight-transfer-config
     update_spans: list[tuple[float, float]] = field(default_factory=list)  # each update's time
     # A hosted-API stand-in: `chat_only` serves only /v1/models and /v1/chat/completions (no
     # token-id completions, no admin routes, no route listing), answering `chat_script(messages)`
