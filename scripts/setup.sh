@@ -33,7 +33,7 @@ fi
 stamp=.venv/.spade-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   step "installing spade-async and its extras into .venv"
-  .venv/bin/pip install -q -e '.[train,memory,client,report,eval,test,dev]'
+  .venv/bin/pip install -q -e '.[train,memory,client,report,eval,test,dev,ray]'
   touch "$stamp"
 fi
 

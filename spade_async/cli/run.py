@@ -31,7 +31,7 @@ def run_daemon(
     from spade_async.loop.daemon import Daemon
     from spade_async.memory.port import open_memory
     from spade_async.sandbox.isolation import SandboxUnavailable
-    from spade_async.sandbox.runtime import Sandbox
+    from spade_async.sandbox.placement import make_sandbox
 
     cfg = config_or_exit(config)
     check_endpoint_secrets(cfg)
@@ -51,7 +51,7 @@ def run_daemon(
                                             autocommit=False)
         with FileSpool(data / "spool", writer=True) as spool:
             async with EndpointPool(cfg.endpoints, cfg.pool) as pool, \
-                    open_memory(cfg) as memory, Sandbox(cfg.sandbox) as sandbox, \
+                    open_memory(cfg) as memory, make_sandbox(cfg.sandbox) as sandbox, \
                     anyio.create_task_group() as tg:
                 await tg.start(pool.run)
                 roles = ("agent",) if cfg.daemon.mode == "fixed" else ("agent", "designer")

@@ -77,6 +77,8 @@ async def validate(code: str, sandbox: Sandbox, vcfg: ValidationConfig | None = 
                 try:
                     await check_point(env, meta, point, seeds, vcfg, found, probe_scores,
                                       echo=params is None and i == 0)
+                except WorkerStartError:
+                    raise  # the node was lost mid-check: no verdict (below)
                 except SandboxError as exc:
                     _record_failure(found, exc)
                     break  # the worker may be dead: the remaining points are not run

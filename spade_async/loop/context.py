@@ -78,7 +78,7 @@ class LoopContext:
         dcfg = cfg.daemon
         self.admission = Admission(
             pool, agent_group=self.routes["agent"].group,
-            designer_group=self.routes["designer"].group, sandbox_slots=cfg.sandbox.slots,
+            designer_group=self.routes["designer"].group, sandbox_slots=sandbox.capacity,
             max_documents=dcfg.documents_in_flight, max_plays=dcfg.envs_in_flight,
             queue_size=dcfg.env_queue, plays_queued=lambda: self.queue_depth())
 

@@ -25,7 +25,7 @@ from spade_async.core.logs import get_logger
 from spade_async.core.rolling import Retention, rolling
 from spade_async.inference.errors import EndpointError
 from spade_async.loop.metrics import Metrics
-from spade_async.sandbox.errors import SandboxError, WorkerStartError
+from spade_async.sandbox.errors import SandboxError, SandboxNodeLost, WorkerStartError
 
 log = get_logger("failures")
 T = TypeVar("T")
@@ -35,6 +35,11 @@ STAGES = frozenset({
     "document", "design", "edit", "edit_parent", "examples", "validation", "episode", "play",
     "play_stats", "replay", "seed", "eval", "load", "batch", "spool", "memory",
 })
+
+
+# Sandbox failures that are the host's, not the environment's: no worker started, or the
+# sandbox node running it was lost. Never counted against the environment's code.
+HOST_SANDBOX_FAILURES = frozenset({"sandbox_start", "sandbox_node_lost"})
 
 
 def _stage(stage: str) -> str:
@@ -47,6 +52,8 @@ def failure_kind(exc: BaseException) -> str | None:
     """The counter label of an expected failure; None for anything else (a bug)."""
     if isinstance(exc, EndpointError):
         return exc.kind
+    if isinstance(exc, SandboxNodeLost):
+        return "sandbox_node_lost"
     if isinstance(exc, WorkerStartError):
         return "sandbox_start"
     if isinstance(exc, SandboxError):

@@ -19,7 +19,7 @@ from spade_async.inference.errors import EndpointError
 from spade_async.loop.admission import Reservation, Stream
 from spade_async.loop.batches import Batches
 from spade_async.loop.context import OUTAGE, LoopContext
-from spade_async.loop.failures import GaveUp, failure_kind
+from spade_async.loop.failures import HOST_SANDBOX_FAILURES, GaveUp, failure_kind
 from spade_async.loop.jobs import PlayJob
 from spade_async.loop.sources import TrainerPace
 from spade_async.reward.regret import env_regret, group_advantages, unreached_wins
@@ -28,10 +28,12 @@ from spade_async.sandbox.errors import SandboxError
 
 log = get_logger("daemon")
 
-# Episode failures worth another try: the endpoint's, or a sandbox worker that never started.
-# The environment's own failures (sandbox_exception, sandbox_timeout, ...) would repeat.
+# Episode failures worth another try: the endpoint's, a sandbox worker that never started, or
+# a lost sandbox node (the try goes to another node). The environment's own failures
+# (sandbox_exception, sandbox_timeout, ...) would repeat.
 RETRY_EPISODE = frozenset({"timeout", "deadline", "http_5xx", "http_429", "malformed",
-                           "unavailable", "token_mismatch", "endpoint", "sandbox_start"})
+                           "unavailable", "token_mismatch", "endpoint", "sandbox_start",
+                           "sandbox_node_lost"})
 
 
 class Player:
@@ -124,11 +126,11 @@ class Player:
             if why:
                 copies = [max(c, b) for c, b in zip(copies, beyond, strict=True)]
                 reason = "; ".join(r for r in (reason, why) if r)
-        # episodes the environment's own code failed (not the host's: sandbox_start) are
-        # counted against it in the memory, never scored
+        # episodes the environment's own code failed (not the host's: sandbox_start,
+        # sandbox_node_lost) are counted against it in the memory, never scored
         env_failed = sum(1 for eps in results.values() for e in eps
                          if e.error and (e.error_kind or "").startswith("sandbox_")
-                         and e.error_kind != "sandbox_start")
+                         and e.error_kind not in HOST_SANDBOX_FAILURES)
         if scored[False] and scored[True]:
             await self._score(job, scored[False], scored[True], version, copies, env_failed,
                               reason)
@@ -217,8 +219,10 @@ class Player:
             if ep.error is None:
                 return ep
             kind = ep.error_kind or "unknown"
+            where = {"sandbox_node": ep.sandbox_node} if ep.sandbox_node else {}
             ctx.failures.count("episode", kind, None, env_id=job.env_id,
-                               episode_id=ep.episode_id, hinted=hinted, error=ep.error[:600])
+                               episode_id=ep.episode_id, hinted=hinted, error=ep.error[:600],
+                               **where)
             tries += 0 if kind in OUTAGE else 1
             retry = kind in OUTAGE or kind in RETRY_EPISODE
             if not retry or tries >= ctx.cfg.rollout.episode_attempts or ctx.stopping:
@@ -241,7 +245,7 @@ class Player:
         except (SandboxError, EndpointError) as exc:
             ep = Episode(f"ep-{uuid.uuid4().hex[:12]}", job.env_id, seed, hinted, version,
                          model, error=f"{type(exc).__name__}: {exc}",
-                         error_kind=failure_kind(exc))
+                         error_kind=failure_kind(exc), sandbox_node=getattr(exc, "node", None))
         finally:
             ctx.in_flight["episodes"] -= 1
         ep.seconds = round(time.monotonic() - t0, 3)

@@ -83,6 +83,8 @@ class Episode:
     # before (requests prefer the episode's server: its prefix cache holds the turns so far)
     endpoint: str | None = None
     endpoint_switches: int = 0
+    # the sandbox node that ran its environment (sandbox.placement = "ray"); None: this host
+    sandbox_node: str | None = None
 
     def served_by(self, endpoint: str) -> None:
         if self.endpoint is not None and endpoint != self.endpoint:
@@ -104,7 +106,7 @@ class Episode:
             rec.pop(k)
         if rec["params"] is None:
             rec.pop("params")  # records of environments played without knobs stay as they were
-        for k in ("hint", "hint_copy"):
+        for k in ("hint", "hint_copy", "sandbox_node"):
             if rec[k] is None:
                 rec.pop(k)
         if rec["path"] == "tokens":  # records of the tokens path stay as they were
@@ -344,6 +346,8 @@ async def play_in_sandbox(
         if hinted:
             await env.reset(seed, params)
             hint = await env.hint()
-        return await run_episode(env, pool, chat, env_id=env_id, seed=seed, hint=hint,
-                                 model=model, policy_version=policy_version, cfg=cfg,
-                                 params=params, group=group)
+        ep = await run_episode(env, pool, chat, env_id=env_id, seed=seed, hint=hint,
+                               model=model, policy_version=policy_version, cfg=cfg,
+                               params=params, group=group)
+        ep.sandbox_node = env.node
+        return ep

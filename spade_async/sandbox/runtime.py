@@ -58,6 +58,11 @@ class Sandbox:
         self.stats = SandboxStats()
 
     @property
+    def capacity(self) -> int:
+        """Environment instances alive at once (admission sizes by it)."""
+        return self.cfg.slots
+
+    @property
     def isolation(self) -> Isolation:
         assert self._iso is not None, "use `async with Sandbox(...)`"
         return self._iso

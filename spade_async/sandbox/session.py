@@ -14,10 +14,17 @@ from spade_async.sandbox.worker import Worker
 
 
 class EnvSession:
-    """One loaded environment instance in its own worker; methods return frozen results."""
+    """One loaded environment instance in its own worker; methods return frozen results.
+    `worker` is a local `Worker` or a session on a remote sandbox node (ray_pool.RemoteWorker):
+    the same `call`, the same ops."""
 
     def __init__(self, worker: Worker, meta: EnvMeta, cfg: SandboxConfig) -> None:
         self.worker, self.meta, self.cfg = worker, meta, cfg
+
+    @property
+    def node(self) -> str | None:
+        """The sandbox node running the worker; None for this host."""
+        return self.worker.node
 
     async def _call(self, op: str, **fields: Any) -> Any:
         return await self.worker.call(op, self.cfg.call_timeout_s, **fields)

@@ -47,6 +47,8 @@ class Worker:
     non-blocking and read through `anyio.wait_readable`.
     """
 
+    node: str | None = None  # where it runs: this host (a remote session names its node)
+
     def __init__(self, proc: subprocess.Popen, slot: int, cfg: SandboxConfig,
                  cgroups: SlotCgroups | None) -> None:
         self.proc, self.slot, self.cfg, self.cgroups = proc, slot, cfg, cgroups

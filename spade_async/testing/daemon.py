@@ -14,7 +14,7 @@ from spade_async.inference.chat_tokens import ChatTokens
 from spade_async.inference.pool import EndpointPool
 from spade_async.loop.daemon import Daemon
 from spade_async.loop.ports import MemoryPort
-from spade_async.sandbox.runtime import Sandbox
+from spade_async.sandbox.placement import make_sandbox
 
 
 async def run_daemon(cfg: SpadeConfig, chat: ChatTokens, memory: MemoryPort, root: Path, *,
@@ -22,7 +22,7 @@ async def run_daemon(cfg: SpadeConfig, chat: ChatTokens, memory: MemoryPort, roo
     """`iterations` of the daemon; its batches in root/spool, its records in root/run."""
     spool = FileSpool(root / "spool", writer=True)
     sampler = CorpusSampler.from_config(cfg.corpus, root / "corpus.json", autocommit=False)
-    async with EndpointPool(cfg.endpoints, cfg.pool) as pool, Sandbox(cfg.sandbox) as sb:
+    async with EndpointPool(cfg.endpoints, cfg.pool) as pool, make_sandbox(cfg.sandbox) as sb:
         daemon = Daemon(cfg, pool=pool, sandbox=sb, memory=memory, spool=spool, corpus=sampler,
                         chat=chat, run_dir=root / "run")
         await daemon.run(max_iterations=iterations)

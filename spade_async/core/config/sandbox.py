@@ -10,15 +10,48 @@ from pydantic import Field
 from spade_async.core.strict import Strict
 
 
+class RaySandboxConfig(Strict):
+    """`[sandbox.ray]`: sandbox nodes placed by Ray (`sandbox.placement = "ray"`). Each node
+    that offers `node_resource` hosts `actors_per_node` actors; each actor runs the local
+    sandbox (same worker protocol, same isolation layers, `sandbox.slots` slots of its own)."""
+
+    address: str = Field("auto", description="the Ray cluster to join (ray.init's address): "
+                         "'auto' finds the one this host runs in, or 'ray://host:10001' / "
+                         "'host:6379'")
+    namespace: str = Field("spade-sandbox", description="Ray namespace of the sandbox actors")
+    node_resource: str = Field("spade_sandbox", description="custom resource that marks a "
+                               "sandbox node (`ray start --resources '{\"spade_sandbox\": 1}'`); "
+                               "empty: every alive node of the cluster")
+    actors_per_node: int = Field(1, ge=1, le=64, description="sandbox actors per node, each "
+                                 "with `sandbox.slots` slots (actor k runs its slots as uids "
+                                 "uid_base + k * slots + i)")
+    call_slack_s: float = Field(10.0, gt=0, description="seconds a remote call may take beyond "
+                                "its sandbox deadline before the node counts as lost")
+    start_timeout_s: float = Field(60.0, gt=0, description="deadline for a new actor to start "
+                                   "its sandbox (process start, isolation probe)")
+    refresh_s: float = Field(15.0, gt=0, description="how often the node list is read again "
+                             "(new nodes get actors, dead actors on live nodes are replaced); "
+                             "at once after a loss")
+    session_idle_s: float = Field(900.0, gt=0, description="an actor closes a session nobody "
+                                  "called for this long (a close lost with its caller)")
+
+
 class SandboxConfig(Strict):
     """Where generated environment code runs (DESIGN §4). Every layer is on by default."""
 
+    placement: Literal["local", "ray"] = Field(
+        "local", description="local = workers on the daemon's host; ray = workers on the "
+        "Ray cluster's sandbox nodes ([sandbox.ray]), through the same interface; a lost node's "
+        "episodes fail as `sandbox_node_lost`, are retried elsewhere and never scored"
+    )
+    ray: RaySandboxConfig = Field(default_factory=RaySandboxConfig)
     isolation: Literal["auto", "bwrap", "unshare", "none"] = Field(
         "auto", description="auto = bwrap, else unshare (root); 'none' runs unisolated, loudly"
     )
     python: Path | None = Field(None, description="interpreter for workers; default: the "
                                 "base interpreter of this Python (never a venv's)")
-    slots: int = Field(8, ge=1, le=512, description="environment instances alive at once")
+    slots: int = Field(8, ge=1, le=512, description="environment instances alive at once (with "
+                       "placement = 'ray': per actor)")
     warm_workers: int = Field(4, ge=0, description="pre-started workers waiting for a load")
     uid_base: int = Field(61000, ge=1000, description="slot i runs as uid/gid uid_base + i")
     load_timeout_s: float = Field(10.0, gt=0, description="deadline of load (exec of the module)")
