@@ -156,8 +156,7 @@ class RaySandbox:
                 raise exc.cause from None
             raise  # our actor's own bug: fail fast with the node's traceback
         except NODE_LOST as exc:
-            raise self._lose(m, f"{op}: {type(exc).__name__}: "
-                             f"{str(exc).strip().splitlines()[0][:300]}") from None
+            raise self._lose(m, f"{op}: {type(exc).__name__}: {_why(exc)}") from None
         except TimeoutError:
             raise self._lose(m, f"{op}: no answer within {deadline_s:g}s") from None
 
@@ -268,6 +267,14 @@ class RaySandbox:
                 except rx.RayError:
                     pass
             self._notify()
+
+
+def _why(exc: BaseException) -> str:
+    """Ray's message in a line: its first sentence and the cause it names (a dead node)."""
+    lines = [x.strip() for x in str(exc).splitlines() if x.strip()]
+    keep = lines[:1] + [x for x in lines[1:] if x.startswith(("The actor died because",
+                                                                  "the actor's node"))]
+    return " ".join(keep)[:400]
 
 
 def _kill(m: Member) -> None:
