@@ -423,3 +423,71 @@ def test_torn_temp_files_are_ignored_by_readers_and_removed_by_the_writer(tmp_pa
         assert batch_files(tmp_path) == []
         assert spool.write([make_sample(0)]) == 1
     assert reader.claim_next(0).samples() == [make_sample(0)]
+
+
+# -- a shared filesystem ----------------------------------------------------------------------
+
+
+def _later(seconds: float, fn) -> None:
+    import threading
+
+    t = threading.Timer(seconds, fn)
+    t.daemon = True
+    t.start()
+
+
+def test_reads_on_a_shared_filesystem_ride_out_partial_views_and_stale_handles(tmp_path,
+                                                                               monkeypatch):
+    """Another host's reader (a trainer rank on NFS) may see a batch before all its pages, a mark
+    mid-replace, or a stale handle: each read is tried again with backoff, and only what stays
+    unreadable fails, by name."""
+    import errno
+
+    from spade_async.core.spool import files
+
+    with FileSpool(tmp_path / "w", writer=True) as w:
+        w.write([make_sample(i) for i in range(40)])
+    whole = (tmp_path / "w" / "batch-000000000001.arrow").read_bytes()
+    d = tmp_path / "shared"
+    d.mkdir()
+    path = d / "batch-000000000001.arrow"
+    path.write_bytes(whole[: len(whole) // 2])           # the first half of its pages, for now
+    _later(0.15, lambda: path.write_bytes(whole))
+    (d / "acked.json").write_text('{"acked_se')            # a torn view of a replaced mark
+    _later(0.15, lambda: (d / "acked.json").write_text('{"acked_seq": 0}'))
+    reader = FileSpool(d)
+    batch = reader.claim_next(0)
+    assert batch is not None and len(batch.samples()) == 40
+    assert reader.acked_seq() == 0
+
+    # A stale handle twice, then the file: read; a permission error is not retried.
+    calls = {"n": 0}
+    real = files.pa.OSFile
+
+    def flaky(p, mode="rb"):
+        calls["n"] += 1
+        if calls["n"] <= 2:
+            raise OSError(errno.ESTALE, "Stale file handle", p)
+        return real(p, mode)
+
+    monkeypatch.setattr(files.pa, "OSFile", flaky)
+    assert reader.claim_next(0).seq == 1 and calls["n"] == 3
+
+    def denied(p, mode="rb"):
+        calls["n"] += 1
+        raise PermissionError(errno.EACCES, "Permission denied", p)
+
+    calls["n"] = 0
+    monkeypatch.setattr(files.pa, "OSFile", denied)
+    with pytest.raises(SpoolError, match="not a readable batch: .*Permission denied"):
+        reader.claim_next(0)
+    assert calls["n"] == 1
+    monkeypatch.setattr(files.pa, "OSFile", real)
+
+    # Still torn after every try: an error naming the file.
+    path.write_bytes(whole[:100])
+    with pytest.raises(SpoolError, match="batch-000000000001.arrow: not a readable batch"):
+        reader.claim_next(0)
+    (d / "acked.json").write_text("{")
+    with pytest.raises(SpoolError, match="acked.json: unreadable"):
+        reader.acked_seq()

@@ -3,11 +3,13 @@ progress marks and the one writer's lock."""
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
 import re
 import threading
+import time
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -47,6 +49,45 @@ _LOCK_FILE = "writer.lock"
 
 def _batch_name(seq: int) -> str:
     return f"batch-{seq:012d}.arrow"
+
+
+# On a shared filesystem (NFS, EFS, Lustre: the multi-node trainer's ranks read the spool from
+# other hosts) a read can fail for a moment and then succeed: a stale handle after another node
+# replaced the file (ESTALE), an I/O error or timeout while the server is away (soft mounts),
+# a view of a file whose pages have not all arrived. Such reads are tried again, with backoff,
+# before a batch or a mark counts as unreadable: 6 tries over ~1.6 s.
+TRANSIENT_ERRNOS = frozenset({errno.ESTALE, errno.EIO, errno.ETIMEDOUT, errno.EAGAIN})
+READ_TRIES = 6
+READ_BACKOFF_S = 0.05
+
+
+class _Unreadable(Exception):
+    """A read that may succeed when tried again; carries what the last try said."""
+
+
+def _transient(exc: BaseException) -> bool:
+    return isinstance(exc, OSError) and exc.errno in TRANSIENT_ERRNOS
+
+
+def _retried(read, what: str):
+    """`read()`, tried again while it raises _Unreadable or a transient OSError; the last
+    error propagates (an _Unreadable as its cause)."""
+    delay = READ_BACKOFF_S
+    for attempt in range(READ_TRIES):
+        try:
+            return read()
+        except (OSError, _Unreadable) as exc:
+            if not (isinstance(exc, _Unreadable) or _transient(exc)):
+                raise
+            if attempt == READ_TRIES - 1:
+                if isinstance(exc, _Unreadable) and exc.__cause__ is not None:
+                    raise exc.__cause__ from None
+                raise
+            if attempt == 0:
+                log.info("spool: read failed, trying again (shared filesystem?)", what=what,
+                         error=f"{type(exc).__name__}: {exc}")
+            time.sleep(delay)
+            delay *= 2
 
 
 class FileSpool(BatchSpool):
@@ -147,23 +188,35 @@ class FileSpool(BatchSpool):
 
     def _read_json(self, name: str) -> dict:
         path = self.dir / name
+
+        def read() -> dict:
+            try:
+                text = path.read_text(encoding="utf-8")
+            except FileNotFoundError:
+                return {}
+            try:
+                return json.loads(text)
+            except json.JSONDecodeError as exc:  # replaced atomically: a torn view is a cache's
+                raise _Unreadable(str(exc)) from exc
+
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            return {}
-        except json.JSONDecodeError as exc:
+            data = _retried(read, str(path))
+        except (json.JSONDecodeError, OSError) as exc:
             raise SpoolError(f"{path}: unreadable: {exc}") from None
         if not isinstance(data, dict):
             raise SpoolError(f"{path}: expected a JSON object")
         return data
 
     def _visible_seqs(self) -> list[int]:
-        seqs = []
-        for entry in os.scandir(self.dir):
-            m = _BATCH_NAME.match(entry.name)
-            if m:
-                seqs.append(int(m.group(1)))
-        return sorted(seqs)
+        def scan() -> list[int]:
+            seqs = []
+            for entry in os.scandir(self.dir):
+                m = _BATCH_NAME.match(entry.name)
+                if m:
+                    seqs.append(int(m.group(1)))
+            return sorted(seqs)
+
+        return _retried(scan, str(self.dir))
 
     def _derived_last_seq(self) -> int:
         seqs = self._visible_seqs()
@@ -184,18 +237,27 @@ class FileSpool(BatchSpool):
             raise SpoolError(f"after_seq must be >= 0, got {after_seq}")
         seq = after_seq + 1
         path = self.dir / _batch_name(seq)
+
+        def read() -> pa.Table | None:
+            try:
+                # Into memory rather than mapped: gc may unlink the file while the batch lives.
+                source = pa.OSFile(str(path), "rb")
+            except FileNotFoundError:
+                return None
+            try:
+                return pa.ipc.open_file(source).read_all()
+            except pa.ArrowInvalid as exc:  # complete by rename: a partial view is transient
+                raise _Unreadable(str(exc)) from exc
+            finally:
+                source.close()
+
         try:
-            # Read into memory rather than map it: gc may unlink the file while the batch lives.
-            source = pa.OSFile(str(path), "rb")
-        except FileNotFoundError:
-            self._missing(seq)
-            return None
-        try:
-            table = pa.ipc.open_file(source).read_all()
+            table = _retried(read, str(path))
         except (pa.ArrowInvalid, OSError) as exc:
             raise SpoolError(f"{path}: not a readable batch: {exc}") from None
-        finally:
-            source.close()
+        if table is None:
+            self._missing(seq)
+            return None
         version = self._check_schema(path, seq, table)
         if version == 1:
             table = upgrade_v1(table)
@@ -204,13 +266,19 @@ class FileSpool(BatchSpool):
     def batch_rows(self, seq: int) -> int | None:
         """How many samples batch `seq` holds (from the file's record batches, without reading
         its columns), or None when it is not there (not yet written, or collected)."""
+        def read() -> int | None:
+            try:
+                with pa.memory_map(str(self.dir / _batch_name(seq)), "rb") as source:
+                    reader = pa.ipc.open_file(source)
+                    return sum(reader.get_batch(i).num_rows
+                               for i in range(reader.num_record_batches))
+            except FileNotFoundError:
+                return None
+            except pa.ArrowInvalid as exc:
+                raise _Unreadable(str(exc)) from exc
+
         try:
-            with pa.memory_map(str(self.dir / _batch_name(seq)), "rb") as source:
-                reader = pa.ipc.open_file(source)
-                return sum(reader.get_batch(i).num_rows
-                           for i in range(reader.num_record_batches))
-        except FileNotFoundError:
-            return None
+            return _retried(read, str(self.dir / _batch_name(seq)))
         except (pa.ArrowInvalid, OSError) as exc:
             raise SpoolError(f"{self.dir / _batch_name(seq)}: not a readable batch: {exc}") \
                 from None
