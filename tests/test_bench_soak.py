@@ -31,11 +31,12 @@ def test_level_off_and_drift_on_known_series():
 def test_soak_test_size_records_every_series_and_writes_its_verdicts(checkpoint, tmp_path):
     out = tmp_path / "soak"
     lines: list[str] = []
-    r = run_soak(checkpoint, out, episodes=60, designs=20, steps=1, minutes=1.3,
-                 sample_s=2.5, segment_mb=0.01, keep_mb=0.03, documents=200, keep=True,
+    r = run_soak(checkpoint, out, episodes=300, designs=60, steps=3, minutes=1.3,
+                 sample_s=2.5, segment_mb=0.01, keep_mb=0.03, documents=200, concurrency=4,
+                 keep=True,
                  progress=lines.append)
     series = r["series"]
-    assert len(series) >= 6 and len(lines) == len(series) + 1  # a progress line a sample
+    assert len(series) >= 5 and len(lines) == len(series) + 1  # a progress line a sample
     last = series[-1]
     # the whole stack ran: designs stored, episodes played, batches trained and published
     assert last["designs"] > 0 and last["designs_accepted"] > 0 and last["episodes"] > 0
@@ -66,6 +67,13 @@ def test_soak_test_size_records_every_series_and_writes_its_verdicts(checkpoint,
         sum(d["gb_per_week"] for d in w["disk_growth"].values()), abs=1e-3)
     assert w["units_last_half"]["episodes"] > 0
     assert w["written"]["daemon"]["bytes_per_unit"] > 0
+    # the record files as produced, pruned segments counted: more than the disk keeps
+    made = w["records"]["run/episodes.rolled"]
+    assert made["bytes_per_unit"] * last["episodes"] > sum(
+        p.stat().st_size for p in rolled.iterdir())
+    assert w["embedded_default_gb_per_week"] == pytest.approx(
+        w["records_gb_per_week"] + sum(d["gb_per_week"] for n, d in w["disk_growth"].items()
+                                       if n != "run"), abs=1e-3)
     # written where the CLI says, the same figures
     saved = json.loads((out / "soak.json").read_text())
     assert saved["verdicts"] == v and len(saved["series"]) == len(series)

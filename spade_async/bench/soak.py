@@ -58,7 +58,7 @@ def _corpus(path: Path, n: int) -> None:
 
 
 def soak_toml(root: Path, base_url: str, tokenizer: Path, *, segment_mb: float,
-              keep_mb: float) -> str:
+              keep_mb: float, concurrency: int = 16) -> str:
     """The soak's config: the embedded default's loop shape (writes, replays, learnability,
     checkpoint every 10 steps, publish every step) at test sizes, small retention."""
     return f"""
@@ -71,7 +71,7 @@ tokenizer = "{tokenizer}"
 [[endpoints]]
 name = "fake"
 base_url = "{base_url}"
-max_concurrency = 16
+max_concurrency = {concurrency}
 request_timeout_s = 60
 [endpoints.weight_swap]
 type = "vllm-lora"
@@ -266,10 +266,34 @@ def drift(ts: list[float], vs: list[float | None]) -> dict[str, Any]:
             "ok": None if ratio is None else ratio <= DRIFT_MAX}
 
 
-def per_week(samples: list[dict[str, Any]]) -> dict[str, Any]:
+def records_written(data: Path) -> dict[str, dict[str, Any]]:
+    """What each rolled record file produced over the run, compressed, pruned segments
+    included: its last segment's sequence number times the mean size of the segments kept
+    (they roll at one uncompressed size), plus its live file. The soak's own keep_mb hides
+    this from the disk; the embedded default keeps up to 1 GB of it per file."""
+    out: dict[str, dict[str, Any]] = {}
+    for folder in sorted(data.rglob("*.rolled")):
+        segs = [p for p in folder.iterdir() if p.name[:8].isdigit()]
+        if not segs:
+            continue
+        last = max(int(p.name[:8]) for p in segs)
+        mean = sum(p.stat().st_size for p in segs) / len(segs)
+        live = folder.with_name(folder.name.removesuffix(".rolled") + ".jsonl")
+        if not live.exists():
+            live = folder.with_name(folder.name.removesuffix(".rolled") + ".log")
+        live_bytes = live.stat().st_size if live.exists() else 0
+        out[str(folder.relative_to(data))] = {"segments": last,
+                                              "bytes": round(last * mean) + live_bytes}
+    return out
+
+
+def per_week(samples: list[dict[str, Any]],
+             records: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
     """Disk growth over the last half of the run, per unit of work (episodes, designs, trainer
-    steps, by the directory's unit), times the embedded default's rates for a week; and the bytes
-    the daemon and trainer wrote per unit of work, the same way."""
+    steps, by the directory's unit), times the embedded default's rates for a week; the same
+    for the bytes the daemon and trainer wrote; and, with `records` (records_written), what
+    the record files produce a week before the default retention (keep_mb 1024 per file)
+    caps them, in place of the run dir's growth under the soak's small keep_mb."""
     a, b = samples[len(samples) // 2], samples[-1]
     units = {u: b[u] - a[u] for u in ("episodes", "designs", "steps")}
     week = {u: r * 24 * 7 for u, r in EMBEDDED_PER_HOUR.items()}
@@ -290,9 +314,24 @@ def per_week(samples: list[dict[str, Any]]) -> dict[str, Any]:
         per = (wb - wa) / units[unit]
         written[name] = {"unit": unit, "bytes_per_unit": round(per, 1),
                          "gb_per_week": round(per * week[unit] / 1e9, 3)}
-    return {"embedded_per_hour": EMBEDDED_PER_HOUR, "units_last_half": units,
-            "disk_growth": dirs, "disk_growth_gb_per_week": round(total, 4),
-            "disk_ok": total < 1.0, "written": written}
+    out = {"embedded_per_hour": EMBEDDED_PER_HOUR, "units_last_half": units,
+           "disk_growth": dirs, "disk_growth_gb_per_week": round(total, 4),
+           "disk_ok": total < 1.0, "written": written}
+    if records:
+        ran = {u: b[u] for u in ("episodes", "designs", "steps")}
+        rec: dict[str, Any] = {}
+        for name, r in records.items():
+            unit = "steps" if name.startswith("trainer") else "episodes"
+            per = r["bytes"] / ran[unit] if ran[unit] > 0 else 0.0
+            rec[name] = {"unit": unit, "bytes_per_unit": round(per, 1),
+                         "gb_per_week": round(per * week[unit] / 1e9, 4)}
+        produced = sum(r["gb_per_week"] for r in rec.values())
+        # the embedded default: the records as produced (not yet at keep_mb), the rest as grown
+        default = produced + sum(d["gb_per_week"] for n, d in dirs.items() if n != "run")
+        out.update(records=rec, records_gb_per_week=round(produced, 4),
+                   embedded_default_gb_per_week=round(default, 4),
+                   embedded_default_ok=default < 1.0)
+    return out
 
 
 def verdicts(samples: list[dict[str, Any]]) -> dict[str, Any]:
@@ -330,10 +369,11 @@ def _stop(procs: dict[str, subprocess.Popen], names: tuple[str, ...], wait_s: fl
 def run_soak(tokenizer: Path, out: Path, *, episodes: int = 200_000, designs: int = 50_000,
              steps: int = 2_000, minutes: float = 0.0, sample_s: float = 30.0,
              segment_mb: float = 1.0, keep_mb: float = 4.0, documents: int = 2000,
-             keep: bool = False, progress: Callable[[str], None] = lambda m: None,
-             ) -> dict[str, Any]:
+             concurrency: int = 16, keep: bool = False,
+             progress: Callable[[str], None] = lambda m: None) -> dict[str, Any]:
     """Until `episodes`, `designs` and `steps` are all reached, or `minutes` (0: no cap)
-    have passed; the results in out/soak.json."""
+    have passed; the results in out/soak.json. `concurrency`: the fake's max_concurrency (the
+    daemon sizes the work in flight to it: a small one starts playing sooner)."""
     from spade_async.inference.launch import free_port, wait_healthy
     from trainer.testing import tiny_llama
 
@@ -347,7 +387,7 @@ def run_soak(tokenizer: Path, out: Path, *, episodes: int = 200_000, designs: in
     port = free_port()
     cfg = out / "soak.toml"
     cfg.write_text(soak_toml(out, f"http://127.0.0.1:{port}", tokenizer, segment_mb=segment_mb,
-                             keep_mb=keep_mb))
+                             keep_mb=keep_mb, concurrency=concurrency))
     data = out / "data"
     env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1")
     env = {k: v for k, v in env.items() if not k.startswith("SPADE__")}  # the soak's own config
@@ -403,7 +443,7 @@ def run_soak(tokenizer: Path, out: Path, *, episodes: int = 200_000, designs: in
         "retention": {"segment_mb": segment_mb, "keep_mb": keep_mb},
         "rolled": sorted(p.name for p in (data / "run").glob("*.rolled")),
         "verdicts": verdicts(samples),
-        "week": per_week(samples),
+        "week": per_week(samples, records_written(data)),
         "series": samples,
     }
     (out / "soak.json").write_text(json.dumps(result, indent=1))
@@ -451,6 +491,12 @@ def render(r: dict[str, Any]) -> str:
                  f"growth {w['disk_growth_gb_per_week']:.3f} GB "
                  f"({'ok' if w['disk_ok'] else 'OVER 1 GB'}); by directory "
                  + ", ".join(f"{n} {d['gb_per_week']:.3f}" for n, d in w["disk_growth"].items()))
+    if "records" in w:
+        lines.append("  the record files as produced (the default keeps 1 GB of each): "
+                     + ", ".join(f"{n} {d['gb_per_week']:.3f}" for n, d in w["records"].items())
+                     + f" GB; the embedded default's retention: "
+                     f"{w['embedded_default_gb_per_week']:.3f} GB a week "
+                     f"({'ok' if w['embedded_default_ok'] else 'OVER 1 GB'})")
     if w["written"]:
         lines.append("  written to storage a week: " + ", ".join(
             f"{n} {d['gb_per_week']:.2f} GB ({d['bytes_per_unit']:.0f} B per {d['unit'][:-1]})"

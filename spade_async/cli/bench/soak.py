@@ -25,6 +25,8 @@ def bench_soak(
                                      "retention.segment_mb (small, so records roll)"),
     keep_mb: float = typer.Option(4.0, "--keep-mb", min=0.0, help="the soak's "
                                   "retention.keep_mb (small, so rolled segments are pruned)"),
+    concurrency: int = typer.Option(16, "--concurrency", min=1, help="the fake endpoint's "
+                                    "max_concurrency"),
     name: str = typer.Option("", "--name", help="results under <data_dir>/bench/soak/<name> "
                              "(default: the UTC time)"),
     keep: bool = typer.Option(False, "--keep/--no-keep", help="keep the soak's data dir"),
@@ -42,7 +44,7 @@ def bench_soak(
            (name or time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()))).resolve()
     r = run_soak(tokenizer, out, episodes=episodes, designs=designs, steps=steps,
                  minutes=minutes, sample_s=sample_s, segment_mb=segment_mb, keep_mb=keep_mb,
-                 keep=keep, progress=lambda m: typer.echo(f"[soak] {m}", err=True))
+                 concurrency=concurrency, keep=keep, progress=lambda m: typer.echo(f"[soak] {m}", err=True))
     if as_json:
         typer.echo(json.dumps({k: v for k, v in r.items() if k != "series"}, indent=2))
         return
