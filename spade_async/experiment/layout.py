@@ -34,8 +34,11 @@ def arm_tables(cfg: SpadeConfig, config_path: Path, exp_dir: Path, arm: str) -> 
     paths = {"data_dir": str(arm_dir(exp_dir, arm)),
              # every arm starts from the one prepared base checkpoint
              "models_dir": str(checkpoint_dir(cfg).parent.resolve())}
+    from spade_async.evals import expand_suites
+
     evals = {"every_versions": cfg.experiment.eval_every_versions,
-             "suites": list(cfg.experiment.suites)}
+             # groups (`paper`, `held-out`) as their suites: the arm's [eval] names suites
+             "suites": expand_suites(list(cfg.experiment.suites))}
     # the arm's adapters are its own, even on a vllm-lora server the arms share
     model = {"adapter_prefix": f"{cfg.model.served_name}-{arm}", **tables.get("model", {})}
     return {"extends": str(config_path.resolve()), **tables,

@@ -14,6 +14,13 @@ SuiteName = Literal["reasoning-gym", "reasoning-gym-easy", "bfcl-multi-turn", "h
 # The suites of fixed training variants (not held out): sampled at the rollout's temperature,
 # and greedy. Both play the same tasks (variants, episode seeds, request seeds).
 PROBE_SUITES: tuple[str, ...] = ("probe", "probe-greedy")
+# Names that stand for several suites (`spade eval --suite paper`, experiment.suites): the
+# paper's table of held-out evaluation, and every held-out suite.
+GROUPS: dict[str, tuple[str, ...]] = {
+    "paper": ("reasoning-gym", "humaneval", "textarena", "bfcl-multi-turn"),
+    "held-out": ("reasoning-gym", "reasoning-gym-easy", "humaneval", "textarena",
+                 "bfcl-multi-turn"),
+}
 
 
 class ProbeVariantConfig(Strict):

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from pydantic import Field, field_validator, model_validator
 
+from spade_async.core.config.eval import GROUPS, SuiteName
 from spade_async.core.strict import Strict
 
 # Arms every experiment knows: the self-play loop and the fixed-environment baseline. Each is a
@@ -35,7 +36,8 @@ class ExperimentConfig(Strict):
     eval_every_versions: int = Field(1, ge=1, description="held-out evaluation of version 0 and "
                                      "every N-th version, and of the version an arm stops on")
     suites: list[str] = Field(["reasoning-gym-easy", "probe"], min_length=1,
-                              description="the held-out suites evaluated (see [eval])")
+                              description="the held-out suites evaluated (see [eval]); a group "
+                              "(`paper`, `held-out`) stands for its suites")
     procfile: Path = Field(Path("Procfile"), description="the Procfile each arm's stack runs "
                            "(relative to the repo): its processes are started and stopped with "
                            "the arm, so every arm's servers start from the base weights")
@@ -58,6 +60,15 @@ class ExperimentConfig(Strict):
         if not BUDGET.match(v.strip()):
             raise ValueError(f"budget {v!r}: versions=N, minutes=M or tokens=T")
         return v.strip()
+
+    @field_validator("suites")
+    @classmethod
+    def _suites_known(cls, v: list[str]) -> list[str]:
+        known = (*get_args(SuiteName), *GROUPS)
+        if bad := [s for s in v if s not in known]:
+            raise ValueError(f"experiment.suites: unknown {', '.join(map(repr, bad))}: one of "
+                             f"{', '.join(known)}")
+        return v
 
     @model_validator(mode="after")
     def _arms_known(self) -> ExperimentConfig:
