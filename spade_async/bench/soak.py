@@ -317,20 +317,21 @@ def per_week(samples: list[dict[str, Any]],
     out = {"embedded_per_hour": EMBEDDED_PER_HOUR, "units_last_half": units,
            "disk_growth": dirs, "disk_growth_gb_per_week": round(total, 4),
            "disk_ok": total < 1.0, "written": written}
-    if records:
-        ran = {u: b[u] for u in ("episodes", "designs", "steps")}
-        rec: dict[str, Any] = {}
-        for name, r in records.items():
-            unit = "steps" if name.startswith("trainer") else "episodes"
-            per = r["bytes"] / ran[unit] if ran[unit] > 0 else 0.0
-            rec[name] = {"unit": unit, "bytes_per_unit": round(per, 1),
-                         "gb_per_week": round(per * week[unit] / 1e9, 4)}
-        produced = sum(r["gb_per_week"] for r in rec.values())
-        # the embedded default: the records as produced (not yet at keep_mb), the rest as grown
-        default = produced + sum(d["gb_per_week"] for n, d in dirs.items() if n != "run")
-        out.update(records=rec, records_gb_per_week=round(produced, 4),
-                   embedded_default_gb_per_week=round(default, 4),
-                   embedded_default_ok=default < 1.0)
+    ran = {u: b[u] for u in ("episodes", "designs", "steps")}
+    rec: dict[str, Any] = {}
+    for name, r in (records or {}).items():
+        unit = "steps" if name.startswith("trainer") else "episodes"
+        per = r["bytes"] / ran[unit] if ran[unit] > 0 else 0.0
+        rec[name] = {"unit": unit, "bytes_per_unit": round(per, 1),
+                     "gb_per_week": round(per * week[unit] / 1e9, 4)}
+    produced = sum(r["gb_per_week"] for r in rec.values())
+    # the embedded default: the records as produced (not yet at keep_mb), the rest as grown;
+    # with nothing rolled, the run dir's growth is all the records produced
+    default = (produced + sum(d["gb_per_week"] for n, d in dirs.items() if n != "run")
+               if rec else total)
+    out.update(records=rec, records_gb_per_week=round(produced, 4),
+               embedded_default_gb_per_week=round(default, 4),
+               embedded_default_ok=default < 1.0)
     return out
 
 
@@ -491,12 +492,15 @@ def render(r: dict[str, Any]) -> str:
                  f"growth {w['disk_growth_gb_per_week']:.3f} GB "
                  f"({'ok' if w['disk_ok'] else 'OVER 1 GB'}); by directory "
                  + ", ".join(f"{n} {d['gb_per_week']:.3f}" for n, d in w["disk_growth"].items()))
-    if "records" in w:
+    if w["records"]:
         lines.append("  the record files as produced (the default keeps 1 GB of each): "
                      + ", ".join(f"{n} {d['gb_per_week']:.3f}" for n, d in w["records"].items())
                      + f" GB; the embedded default's retention: "
                      f"{w['embedded_default_gb_per_week']:.3f} GB a week "
                      f"({'ok' if w['embedded_default_ok'] else 'OVER 1 GB'})")
+    else:
+        lines.append(f"  nothing rolled: the embedded default's retention: "
+                     f"{w['embedded_default_gb_per_week']:.3f} GB a week")
     if w["written"]:
         lines.append("  written to storage a week: " + ", ".join(
             f"{n} {d['gb_per_week']:.2f} GB ({d['bytes_per_unit']:.0f} B per {d['unit'][:-1]})"
