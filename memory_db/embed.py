@@ -104,7 +104,10 @@ class HashEmbedder:
     behaves on them as it would on MiniLM output. Deterministic across processes and machines.
     It says nothing about meaning; it exists so 100k-row benchmarks and tests run in seconds."""
 
-    CACHE_LIMIT = 200_000  # feature vectors kept; beyond it the cache starts over
+    # Feature vectors kept (each dim float32s: 1.5 kB at 384) before the cache starts over:
+    # 16k is ~25 MB. At 200k a long run's daemon grew ~300 MB into it (every design brings new
+    # bigrams), which the soak read as a leak; a miss costs one SHAKE-256 digest.
+    CACHE_LIMIT = 16_384
 
     def __init__(self, dim: int) -> None:
         self.dim = dim
