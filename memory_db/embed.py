@@ -105,8 +105,8 @@ class HashEmbedder:
     It says nothing about meaning; it exists so 100k-row benchmarks and tests run in seconds."""
 
     # Feature vectors kept (each dim float32s: 1.5 kB at 384) before the cache starts over:
-    # 16k is ~25 MB. At 200k a long run's daemon grew ~300 MB into it (every design brings new
-    # bigrams), which the soak read as a leak; a miss costs one SHAKE-256 digest.
+    # 16k is ~25 MB (200k could hold ~300 MB in a long run: every design brings new bigrams);
+    # a miss costs one SHAKE-256 digest.
     CACHE_LIMIT = 16_384
 
     def __init__(self, dim: int) -> None:
