@@ -34,7 +34,7 @@ class Episodes:
     """The run's episodes as the report reads them, without their transcripts: one column per
     field the plots, the summary and the cost ledger use, filled as the records stream by
     (`array` while reading, numpy views after), so a run of millions of episodes reports in
-    bounded memory: 43 bytes an episode, where a dict per episode cost ~1 kB and a slotted
+    bounded memory: 44 bytes an episode, where a dict per episode cost ~1 kB and a slotted
     object ~300 bytes. A failed episode (an endpoint or sandbox error: it never scored) keeps
     its error kind, as a code into `kinds`."""
 
