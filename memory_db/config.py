@@ -90,6 +90,13 @@ class MemoryConfig(_Strict):
     read_consistency_s: float = Field(0.0, ge=0, description="how stale a read may be: 0 checks "
                                       "for other processes' commits on every read")
     db_timeout_s: float = Field(60.0, gt=0, description="deadline of one database call")
+    index_cache_mb: int = Field(256, ge=1, description="LanceDB's index cache of this process "
+                                "(vector partitions, scalar index pages); LanceDB's own default "
+                                "is GBs")
+    metadata_cache_mb: int = Field(64, ge=1, description="LanceDB's metadata cache of this "
+                                   "process (manifests, file footers): it keeps every version "
+                                   "a read saw, so unbounded it grows with the commits, ~0.5 MB "
+                                   "a design (measured)")
     rejected_code_keep_days: float = Field(
         7.0, ge=0, description="a rejected design keeps its code this long; then the upkeep "
         "blanks it (its id, the code's hash, its reason and embedding stay for the novelty "

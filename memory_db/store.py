@@ -51,6 +51,11 @@ class EnvMemory(MemoryReads):
                              f"model {cfg.embedding_model}")
         self._t: Tables | None = None
         self._writer: Writer | None = None
+        # Bounded caches: with every read checking for the newest version, LanceDB's default
+        # session keeps each version's manifest and footers it saw (GBs before it evicts).
+        self.session = lancedb.Session(
+            index_cache_size_bytes=cfg.index_cache_mb << 20,
+            metadata_cache_size_bytes=cfg.metadata_cache_mb << 20)
 
     # ---- lifecycle -----------------------------------------------------------------------
 
@@ -58,7 +63,8 @@ class EnvMemory(MemoryReads):
         with anyio.fail_after(self.cfg.db_timeout_s):
             db = await lancedb.connect_async(
                 self.uri, storage_options=dict(self.cfg.storage_options) or None,
-                read_consistency_interval=timedelta(seconds=self.cfg.read_consistency_s))
+                read_consistency_interval=timedelta(seconds=self.cfg.read_consistency_s),
+                session=self.session)
         self._t = await open_tables(db, self.uri, model=self.embedder.name,
                                     dim=self.embedder.dim, writable=self.writable,
                                     timeout_s=self.cfg.db_timeout_s)

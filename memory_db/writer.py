@@ -27,7 +27,7 @@ from anyio.abc import TaskGroup, TaskStatus
 from lancedb.index import BTree
 
 from memory_db.config import MemoryConfig
-from memory_db.maintenance import Maintenance
+from memory_db.maintenance import BESIDE, IN_LINE, Maintenance
 from memory_db.novelty import BatchNovelty, nearest_accepted
 from memory_db.ops import InsertPayload, MemoryClosed, Op, Payload, RecordPayload
 from memory_db.records import EnvStats, InsertResult
@@ -143,7 +143,9 @@ class Writer:
                             if not op.done.is_set():
                                 op.finish(error=MemoryClosed(f"the writer stopped: {exc!r}"))
                         raise
-                    if time.monotonic() >= self.upkeep.next_optimize:
+                    if (time.monotonic() >= self.upkeep.next_optimize
+                            and self._upkeep_idle.is_set()):
+                        await self._optimize_in_line()
                         self._upkeep_beside(optimize=True, index="auto")
             finally:
                 self._closed = True
@@ -153,6 +155,17 @@ class Writer:
                 upkeep.cancel_scope.cancel()
                 self._upkeep_tg = None
                 self.finished.set()
+
+    async def _optimize_in_line(self) -> None:
+        """The upserted tables' compaction and pruning, between two batches (see
+        `maintenance`): a failure is logged and waits for the next period."""
+        try:
+            t0 = time.perf_counter()
+            report = await self.upkeep.optimize(IN_LINE)
+            log.info("memory_optimized", **report, optimize_s=round(time.perf_counter() - t0, 3))
+        except Exception as exc:
+            log.error("memory_upkeep_failed", optimize=True, tables=list(IN_LINE),
+                      error=repr(exc))
 
     def _upkeep_beside(self, *, optimize: bool, index: str) -> None:
         """Scheduled upkeep in its own task, so writes go on while a compaction or an index
@@ -166,7 +179,8 @@ class Writer:
 
         async def work(done: anyio.Event) -> None:
             try:
-                await self._maintain(optimize=optimize, index=index)
+                await self.upkeep.run(len(self.known), optimize=optimize, index=index,
+                                      tables=BESIDE)
             except Exception as exc:  # compaction and training wait for the next period
                 self.upkeep.postpone()
                 log.error("memory_upkeep_failed", optimize=optimize, index=index,

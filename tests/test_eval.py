@@ -201,6 +201,32 @@ def test_periodic_evaluation_points_survive_an_evaluation_slower_than_training()
     assert due_for_evaluation(5, 1, {0, 1, 2}) and not due_for_evaluation(2, 1, {0, 1, 2})
 
 
+def test_bookend_suites_run_at_v0_and_the_last_version_only_and_never_twice(tmp_path):
+    """eval.bookend_suites join eval.suites at version 0 and at the version a bounded run stops
+    on; a version already stored on some suites is evaluated on the rest only (the final point
+    of a version the periodic evaluation already scored adds the bookend suites alone)."""
+    import json
+    from types import SimpleNamespace
+
+    from spade_async.core.config.eval import EvalConfig
+    from spade_async.loop.evaluator import Evaluator
+
+    (tmp_path / "eval").mkdir()
+    stored = [{"suite": "probe", "version": 0}, {"suite": "humaneval", "version": 0},
+              {"suite": "probe", "version": 10},
+              {"suite": "humaneval", "version": 10, "external": True}]
+    (tmp_path / "eval" / "results.jsonl").write_text(
+        "".join(json.dumps(r) + "\n" for r in stored))
+    ecfg = EvalConfig(suites=["probe", "reasoning-gym-easy"], every_versions=10,
+                      bookend_suites=["humaneval", "textarena", "probe"])
+    cfg = SimpleNamespace(eval=ecfg, paths=SimpleNamespace(data_dir=tmp_path))
+    ev = Evaluator(SimpleNamespace(cfg=cfg))
+    assert ev.suites_for(0) == ["reasoning-gym-easy", "textarena"]
+    assert ev.suites_for(10) == ["reasoning-gym-easy"]               # periodic: no bookends
+    assert ev.suites_for(10, final=True) == ["reasoning-gym-easy", "humaneval", "textarena"]
+    assert ev.suites_for(20) == ["probe", "reasoning-gym-easy"]
+
+
 def test_suite_groups_expand_in_order_and_unknown_names_are_refused():
     from spade_async.evals import CATEGORIES, GROUPS, SUITES, expand_suites
 

@@ -331,3 +331,10 @@ def test_a_suite_group_reaches_the_arms_as_its_suites_and_unknown_names_are_refu
                                         "bfcl-multi-turn", "reasoning-gym-easy", "probe"]
     with pytest.raises(ValueError, match="experiment.suites: unknown 'papers'"):
         ExperimentConfig(suites=["papers"])
+    with pytest.raises(ValueError, match="experiment.bookend_suites: unknown 'code'"):
+        ExperimentConfig(bookend_suites=["code"])
+    # the embedded experiment: code, games and tool use at v0 and the last version only
+    cfg = load_config(REPO / "configs" / "experiment.toml", environ={})
+    tables = arm_tables(cfg, REPO / "configs" / "experiment.toml", tmp_path, "spade")
+    assert tables["eval"]["bookend_suites"] == ["humaneval", "textarena", "bfcl-multi-turn"]
+    assert "humaneval" not in tables["eval"]["suites"]

@@ -407,10 +407,10 @@ async def test_scheduled_upkeep_runs_beside_the_writes(tmp_path):
         started, release = anyio.Event(), anyio.Event()
         real = writer.upkeep.run
 
-        async def slow(rows, *, optimize, index):
+        async def slow(rows, *, optimize, index, **kw):
             started.set()
             await release.wait()
-            return await real(rows, optimize=optimize, index=index)
+            return await real(rows, optimize=optimize, index=index, **kw)
 
         writer.upkeep.run = slow
         await mem.insert(env(0, "first"))

@@ -110,6 +110,8 @@ id_field = "id"
 [memory]
 embedding_model = "hash-384"
 optimize_every_s = 60
+keep_versions_s = 60             # the soak's clock runs ~140x the embedded default's
+                                 # (episodes an hour): its 600 s of versions are ~4 s here
 [trainer]
 mode = "lora"
 lora_rank = 4

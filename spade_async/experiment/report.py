@@ -191,16 +191,16 @@ def text(rep: dict[str, Any]) -> str:
         by_cat: dict[str, list[str]] = {}
         for suite in suites:
             by_cat.setdefault(CATEGORIES.get(suite, "other"), []).append(suite)
-        lines += ["", "per category (the paper's table), each arm's last evaluated version: "
-                  "strict mean [95% interval]"]
+        lines += ["", "per category (the paper's table), each arm's first and last evaluated "
+                  "version: strict mean [95% interval], n scored"]
         for cat in order + sorted(set(by_cat) - set(order)):
             for suite in by_cat.get(cat, []):
                 cells = []
                 for arm, a in arms.items():
                     pts = a.get("points", {}).get(suite, [])
-                    cells.append(f"{arm} " + (f"v{pts[-1]['version']} "
-                                              f"{_ci(pts[-1]['strict'], pts[-1]['strict_ci'])}"
-                                              if pts else "-"))
+                    cells.append(f"{arm} " + (" -> ".join(
+                        f"v{p['version']} {_ci(p['strict'], p['strict_ci'])} n={p['scored']}"
+                        for p in ([pts[0], pts[-1]] if len(pts) > 1 else pts)) if pts else "-"))
                 lines.append(f"  {cat:15s} {suite:19s} " + "   ".join(cells))
     if rep["comparison"]:
         lines += ["", "difference at the last version both evaluated (95% interval):"]

@@ -96,7 +96,7 @@ class Daemon:
                     flow.start_soon(self.player.run, recv_env)
                 if ctx.final_eval and self.cfg.eval.every_versions:
                     # a bounded run's last point: the version it stopped on, evaluated
-                    await self.evaluator.evaluate_current()
+                    await self.evaluator.evaluate_current(final=True)
                 beside.cancel_scope.cancel()
         finally:  # also when the drain deadline cancels us: status says it stopped
             self.telemetry.stopped = True

@@ -1,5 +1,6 @@
 """Held-out evaluation beside the loop: every `eval.every_versions`-th published version, and,
-when a bounded run asks for it, the version the run stopped on."""
+when a bounded run asks for it, the version the run stopped on; `eval.bookend_suites` only at
+version 0 and that last one."""
 
 from __future__ import annotations
 
@@ -35,28 +36,41 @@ class Evaluator:
 
     def __init__(self, ctx: LoopContext) -> None:
         self.ctx = ctx
-        self._done: set[int] | None = None
+        self._done: dict[int, set[str]] | None = None  # version -> the suites stored for it
         self._lock = anyio.Lock()
 
-    def _evaluated(self) -> set[int]:
+    def _evaluated(self) -> dict[int, set[str]]:
         if self._done is None:
             from spade_async.evals.base import load_results
 
-            self._done = {int(r.get("version", -1))
-                          for r in load_results(self.ctx.cfg.paths.data_dir)
-                          if not r.get("external")}
+            self._done = {}
+            for r in load_results(self.ctx.cfg.paths.data_dir):
+                if not r.get("external"):
+                    self._done.setdefault(int(r.get("version", -1)), set()).add(
+                        str(r.get("suite", "")))
         return self._done
+
+    def suites_for(self, version: int, *, final: bool = False) -> list[str]:
+        """The suites `version` is evaluated on: eval.suites, and eval.bookend_suites at
+        version 0 and at the version a bounded run stopped on; less those already stored."""
+        ecfg = self.ctx.cfg.eval
+        wanted = list(ecfg.suites)
+        if version == 0 or final:
+            wanted += [s for s in ecfg.bookend_suites if s not in wanted]
+        done = self._evaluated().get(version, set())
+        return [s for s in wanted if s not in done]
 
     async def run(self) -> None:
         every = self.ctx.cfg.eval.every_versions
         while True:
             self.ctx.policy.refresh()
-            if due_for_evaluation(self.ctx.policy.version, every, self._evaluated()):
+            if due_for_evaluation(self.ctx.policy.version, every, set(self._evaluated())):
                 await self.evaluate_current()
             await anyio.sleep(self.ctx.cfg.daemon.status_interval_s)
 
-    async def evaluate_current(self) -> None:
-        """The newest published version, unless it has been evaluated."""
+    async def evaluate_current(self, *, final: bool = False) -> None:
+        """The newest published version on the suites it has not been evaluated on (`final`:
+        the version a bounded run stopped on, with the bookend suites)."""
         from spade_async.evals.run import evaluate_version
         from spade_async.evals.worker import WorkerSetupError
 
@@ -64,9 +78,10 @@ class Evaluator:
         async with self._lock:  # the loop's and a final evaluation never run the same twice
             ctx.policy.refresh()
             version, model = ctx.policy.version, ctx.policy.model
-            if version in self._evaluated():
+            suites = self.suites_for(version, final=final)
+            if not suites:
                 return
-            self._evaluated().add(version)
+            self._evaluated().setdefault(version, set()).update(suites)
             # The periodic evaluation is of the policy: roles.eval's route, unless that names
             # another model (`spade eval --model`'s business), then the agent's endpoints.
             route = ctx.routes["eval"]
@@ -76,7 +91,7 @@ class Evaluator:
             try:
                 results = await evaluate_version(
                     ctx.cfg, ctx.pool, ctx.chat, version=version, model=model,
-                    suites=ctx.cfg.eval.suites, sandbox=ctx.sandbox, route=route,
+                    suites=suites, sandbox=ctx.sandbox, route=route,
                     progress=lambda m: log.info("eval_progress", detail=m))
                 ctx.counters["evals"] += 1
                 for r in results:

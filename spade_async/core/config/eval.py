@@ -62,6 +62,10 @@ class EvalConfig(Strict):
 
     every_versions: int = Field(0, ge=0, description="the daemon evaluates every N-th published "
                                 "version in the background (0: never; `spade eval` any time)")
+    bookend_suites: list[SuiteName] = Field(
+        [], description="with every_versions, suites the daemon evaluates only at version 0 and "
+        "at the version a bounded run stops on (`spade experiment`'s arms): the costly ones, "
+        "whose every-N-th point beside the loop would cost more than the loop's learning")
     reasoning_gym_per_generator: int = Field(8, ge=1, description="tasks per reasoning-gym "
                                              "generator (6 generators; reasoning-gym-easy: 5)")
     bfcl_tasks: int = Field(10, ge=1, description="BFCL-v4 multi-turn base entries, the first N")

@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 from typing import Any, get_args
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from spade_async.core.config.eval import GROUPS, SuiteName
 from spade_async.core.strict import Strict
@@ -38,6 +38,9 @@ class ExperimentConfig(Strict):
     suites: list[str] = Field(["reasoning-gym-easy", "probe"], min_length=1,
                               description="the held-out suites evaluated (see [eval]); a group "
                               "(`paper`, `held-out`) stands for its suites")
+    bookend_suites: list[str] = Field([], description="suites evaluated only at v0 and at the "
+                                      "version an arm stops on, beside `suites` (code, games "
+                                      "and tool use on a small host); groups as in `suites`")
     procfile: Path = Field(Path("Procfile"), description="the Procfile each arm's stack runs "
                            "(relative to the repo): its processes are started and stopped with "
                            "the arm, so every arm's servers start from the base weights")
@@ -61,13 +64,13 @@ class ExperimentConfig(Strict):
             raise ValueError(f"budget {v!r}: versions=N, minutes=M or tokens=T")
         return v.strip()
 
-    @field_validator("suites")
+    @field_validator("suites", "bookend_suites")
     @classmethod
-    def _suites_known(cls, v: list[str]) -> list[str]:
+    def _suites_known(cls, v: list[str], info: ValidationInfo) -> list[str]:
         known = (*get_args(SuiteName), *GROUPS)
         if bad := [s for s in v if s not in known]:
-            raise ValueError(f"experiment.suites: unknown {', '.join(map(repr, bad))}: one of "
-                             f"{', '.join(known)}")
+            raise ValueError(f"experiment.{info.field_name}: unknown "
+                             f"{', '.join(map(repr, bad))}: one of {', '.join(known)}")
         return v
 
     @model_validator(mode="after")
