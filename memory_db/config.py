@@ -101,6 +101,16 @@ class MemoryConfig(_Strict):
         7.0, ge=0, description="a rejected design keeps its code this long; then the upkeep "
         "blanks it (its id, the code's hash, its reason and embedding stay for the novelty "
         "check and the counts). 0: kept forever")
+    max_accepted: int = Field(
+        20_000, ge=0, description="accepted environments kept (PLR's level buffer): past it "
+        "the upkeep deletes the lowest-ranked played ones (best variant's replay score, then "
+        "the longest unplayed) with their stats; the run records keep what they were and did. "
+        "0: no limit")
+    max_rejected: int = Field(20_000, ge=0, description="rejected designs kept, the newest; "
+                              "older rows are deleted (run/designs keeps their verdicts). "
+                              "0: no limit")
+    retire_grace_s: float = Field(300.0, ge=0, description="an environment played this "
+                                  "recently is never retired (its plays may be in flight)")
     replay: ReplayConfig = Field(default_factory=ReplayConfig)
     writer: WriterConfig = Field(default_factory=WriterConfig)
     index: IndexConfig = Field(default_factory=IndexConfig)

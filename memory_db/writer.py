@@ -26,6 +26,7 @@ import structlog
 from anyio.abc import TaskGroup, TaskStatus
 from lancedb.index import BTree
 
+from memory_db.capacity import oldest_beyond, to_retire
 from memory_db.config import MemoryConfig
 from memory_db.maintenance import BESIDE, IN_LINE, Maintenance
 from memory_db.novelty import BatchNovelty, nearest_accepted
@@ -33,7 +34,7 @@ from memory_db.ops import InsertPayload, MemoryClosed, Op, Payload, RecordPayloa
 from memory_db.records import EnvStats, InsertResult
 from memory_db.replay import pool_distribution, replay_pool
 from memory_db.rows import envs_table, stats_from_row, stats_table
-from memory_db.schema import Tables, env_id, now_utc, write_meta
+from memory_db.schema import Tables, env_id, now_utc, sql_str, write_meta
 from memory_db.stats import update_stats
 
 log = structlog.get_logger(component="memory")
@@ -55,6 +56,11 @@ class Writer:
         self.family: dict[str, tuple[str, str]] = {}  # variant id -> (env_id, canonical params)
         self.env_of: dict[str, str] = {}  # variant id -> env_id (the replay pool's join)
         self._accepted: set[str] = set()  # kept with `known`: a draw must not scan every row
+        # environments the capacity deleted lately: a play of one still in flight is recorded
+        # as nothing, not as an error (bounded: older ones are long out of flight)
+        self._retired: dict[str, None] = {}
+        self.deleted = {"retired": int(tables.info.get("retired_total", 0)),
+                        "rejected": int(tables.info.get("rejected_deleted_total", 0))}
         self.clock = self.clock_saved = int(tables.info.get("replay_tick", 0))
         self.upkeep = Maintenance(cfg, tables, dim)
         self.commits = 0
@@ -161,11 +167,58 @@ class Writer:
         `maintenance`): a failure is logged and waits for the next period."""
         try:
             t0 = time.perf_counter()
-            report = await self.upkeep.optimize(IN_LINE)
+            report = await self._enforce_capacity()
+            report.update(await self.upkeep.optimize(IN_LINE))
             log.info("memory_optimized", **report, optimize_s=round(time.perf_counter() - t0, 3))
         except Exception as exc:
             log.error("memory_upkeep_failed", optimize=True, tables=list(IN_LINE),
                       error=repr(exc))
+
+    async def _enforce_capacity(self) -> dict[str, int]:
+        """`max_accepted` and `max_rejected` (memory_db.capacity): delete what is past them,
+        between two batches (the stats rows take upserts), then forget it here."""
+        cfg, out = self.cfg, {}
+        retire = to_retire(self._accepted, self.stats, self.env_of, keep=cfg.max_accepted,
+                           score=cfg.replay.score, now=now_utc(), grace_s=cfg.retire_grace_s)
+        drop: list[str] = []
+        rejected = sum(1 for s, _ in self.known.values() if s == "rejected")
+        if cfg.max_rejected and rejected > cfg.max_rejected:
+            with anyio.fail_after(cfg.db_timeout_s):
+                rows = await (self.t.envs.query().where("status = 'rejected'")
+                              .select(["id", "created_at"]).to_arrow())
+            drop = oldest_beyond(list(zip(rows["id"].to_pylist(),
+                                          rows["created_at"].to_pylist(), strict=True)),
+                                 cfg.max_rejected)
+        if not retire and not drop:
+            return out
+        gone = set(retire)
+        variants = [v for v, e in self.env_of.items() if e in gone]
+        for chunk in range(0, max(len(retire), len(drop), len(variants)), 500):
+            with anyio.fail_after(cfg.db_timeout_s):
+                ids = retire[chunk:chunk + 500] + drop[chunk:chunk + 500]
+                if ids:
+                    await self.t.envs.delete("id IN (" + ", ".join(map(sql_str, ids)) + ")")
+                if vs := variants[chunk:chunk + 500]:
+                    await self.t.stats.delete("id IN (" + ", ".join(map(sql_str, vs)) + ")")
+        for i in [*retire, *drop]:
+            self.known.pop(i, None)
+        for i in retire:
+            self._accepted.discard(i)
+            self._retired[i] = None
+        for v in variants:
+            self.stats.pop(v, None)
+            self.family.pop(v, None)
+            self.env_of.pop(v, None)
+        while len(self._retired) > 100_000:
+            del self._retired[next(iter(self._retired))]
+        self.deleted["retired"] += len(retire)
+        self.deleted["rejected"] += len(drop)
+        with anyio.fail_after(cfg.db_timeout_s):
+            await write_meta(self.t.meta, {"retired_total": self.deleted["retired"],
+                                           "rejected_deleted_total": self.deleted["rejected"]})
+        log.info("memory_capacity", retired=len(retire), variants_deleted=len(variants),
+                 rejected_deleted=len(drop), accepted=len(self._accepted))
+        return {"retired": len(retire), "rejected_deleted": len(drop)}
 
     def _upkeep_beside(self, *, optimize: bool, index: str) -> None:
         """Scheduled upkeep in its own task, so writes go on while a compaction or an index
@@ -333,6 +386,9 @@ class Writer:
         for op in ops:
             rec: RecordPayload = op.payload
             if rec.env_id not in self.known:
+                if rec.env_id in self._retired:  # a play that was in flight: nothing to keep
+                    op.finish(EnvStats(id=rec.variant_id))
+                    continue
                 op.finish(error=KeyError(f"unknown environment {rec.env_id}"))
                 continue
             vid = rec.variant_id
@@ -366,4 +422,7 @@ class Writer:
     # ---- maintenance ---------------------------------------------------------------------
 
     async def _maintain(self, *, optimize: bool, index: str) -> dict[str, Any]:
-        return await self.upkeep.run(len(self.known), optimize=optimize, index=index)
+        """Everything now, in line (an explicit `maintain()`): the capacity, then the upkeep."""
+        report: dict[str, Any] = await self._enforce_capacity() if optimize else {}
+        return {**report, **await self.upkeep.run(len(self.known), optimize=optimize,
+                                                   index=index)}

@@ -424,3 +424,62 @@ async def test_scheduled_upkeep_runs_beside_the_writes(tmp_path):
         with anyio.fail_after(30):
             report = await mem.maintain(optimize=True, index="skip")
         assert report["optimized"] == ["envs", "stats", "meta"]
+
+
+async def test_capacity_retires_the_lowest_ranked_played_environments_and_old_rejects(tmp_path):
+    """Past max_accepted the upkeep deletes the lowest-ranked played environments (regret EMA)
+    with their variants' stats, never an unplayed one; past max_rejected the oldest rejected
+    rows. A play of a retired environment still in flight is recorded as nothing, and a reopened
+    memory has the same rows and the counts of what went."""
+    cfg = hash_cfg(max_accepted=3, max_rejected=1, retire_grace_s=0)
+    uri = str(tmp_path / "m")
+    words = ["orchard ladder", "glacier compass", "violin harbor", "desert lantern",
+             "quartz meadow"]
+    async with open_memory(cfg, uri) as mem:
+        ids = [(await mem.insert(env(i, w))).id for i, w in enumerate(words)]
+        for i, eid in enumerate(ids[:4]):  # regret i/4: env 0 lowest; env 4 never played
+            await mem.record_episodes(eid, hinted=[1.0], unhinted=[1.0 - i / 4], params={"k": 1})
+            await mem.record_episodes(eid, hinted=[1.0], unhinted=[1.0])
+        for i in range(3):
+            await mem.insert(env(f"r{i}", f"bad {i}", rejected_reason="validation: no"))
+            await anyio.sleep(0.01)
+        report = await mem.maintain(optimize=True, index="skip")
+        assert report["retired"] == 2 and report["rejected_deleted"] == 2
+        left = {r["name"]: r["status"] async for r in mem.export(code=False)}
+        assert left == {"env-2": "accepted", "env-3": "accepted", "env-4": "accepted",
+                        "env-r2": "rejected"}
+        assert await mem.variants(ids[0]) == []
+        late = await mem.record_episodes(ids[0], hinted=[1.0], unhinted=[0.0])
+        assert late.episodes_unhinted == 0
+        with pytest.raises(KeyError):
+            await mem.record_episodes("ab" * 8, unhinted=[1.0])
+    async with open_memory(cfg, uri) as mem:
+        assert await mem.count("accepted") == 3 and await mem.count("rejected") == 1
+        assert mem._w().deleted == {"retired": 2, "rejected": 1 + 1}
+        assert {v.env_id for v in (await mem.variants(ids[2]))} == {ids[2]}
+
+
+def test_retirement_order_skips_unplayed_and_recent_environments():
+    from datetime import UTC, datetime, timedelta
+
+    from memory_db.capacity import oldest_beyond, to_retire
+    from memory_db.records import EnvStats
+
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    old, new = now - timedelta(hours=1), now - timedelta(seconds=5)
+
+    def st(vid, regret, tick, at):
+        return EnvStats(id=vid, episodes_unhinted=2, regret_ema=regret, last_tick=tick,
+                        updated_at=at)
+
+    stats = {"a": st("a", 0.1, 5, old), "a.x": st("a.x", 0.9, 1, old),  # a's best: 0.9
+             "b": st("b", 0.1, 3, old), "c": st("c", 0.1, 2, old), "d": st("d", 0.0, 9, new)}
+    env_of = {"a.x": "a"}
+    accepted = {"a", "b", "c", "d", "e"}  # e: never played
+    # d is recent, e unplayed, a ranks high (its other variant's regret): c (older) then b
+    assert to_retire(accepted, stats, env_of, keep=3, score="regret", now=now,
+                     grace_s=60) == ["c", "b"]
+    assert to_retire(accepted, stats, env_of, keep=1, score="regret", now=now,
+                     grace_s=60) == ["c", "b", "a"]  # fewer eligible than the excess
+    assert to_retire(accepted, stats, env_of, keep=0, score="regret", now=now, grace_s=60) == []
+    assert oldest_beyond([("x", old), ("y", new), ("z", now)], 1) == ["x", "y"]

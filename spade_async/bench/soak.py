@@ -6,7 +6,8 @@ memory, spool, rolled run records) and the trainer (`python -m trainer`: a LoRA 
 Llama with SmolLM2's vocabulary, publishing every step into the fake, checkpointing every 10 steps)
 against the fake endpoint in its own process (spade_async.testing.soak: ~0 latency, a stationary
 stream of designs and turns). Retention is set small (segments of `segment_mb`, `keep_mb` per
-file) so the rolls and the pruning happen inside the soak.
+file), and so are the memory's capacities (500 accepted, 500 rejected) and its version window
+(60 s), so the rolls, the pruning and the retirements happen inside the soak.
 
 Every `sample_s` the harness records disk bytes by directory of the data dir (allocated
 blocks), the RSS of each process (the daemon's sandbox workers summed apart), the bytes each
@@ -112,6 +113,9 @@ embedding_model = "hash-384"
 optimize_every_s = 60
 keep_versions_s = 60             # the soak's clock runs ~140x the embedded default's
                                  # (episodes an hour): its 600 s of versions are ~4 s here
+max_accepted = 500               # the capacities (default 20k each) scaled to the soak, so
+max_rejected = 500               # that they bite within minutes: the memory's rows level off
+retire_grace_s = 10
 [trainer]
 mode = "lora"
 lora_rank = 4
@@ -371,7 +375,7 @@ def _stop(procs: dict[str, subprocess.Popen], names: tuple[str, ...], wait_s: fl
 
 def run_soak(tokenizer: Path, out: Path, *, episodes: int = 200_000, designs: int = 50_000,
              steps: int = 2_000, minutes: float = 0.0, sample_s: float = 30.0,
-             segment_mb: float = 1.0, keep_mb: float = 4.0, documents: int = 2000,
+             segment_mb: float = 0.25, keep_mb: float = 1.0, documents: int = 2000,
              concurrency: int = 16, keep: bool = False,
              progress: Callable[[str], None] = lambda m: None) -> dict[str, Any]:
     """Until `episodes`, `designs` and `steps` are all reached, or `minutes` (0: no cap)

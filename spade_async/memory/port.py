@@ -105,8 +105,11 @@ class LanceMemoryPort:
         drawn = await self.mem.sample_replay(self.rng)
         if drawn is None:
             return None
-        variant = await self.mem.variant(drawn[0])
-        return await self._stored(variant.env_id, variant.params)
+        try:
+            variant = await self.mem.variant(drawn[0])
+            return await self._stored(variant.env_id, variant.params)
+        except KeyError:  # retired by the memory's capacity since it was drawn
+            return None
 
     async def _stored(self, env_id: str, params: dict[str, Any]) -> StoredEnv:
         rec = await self.mem.get(env_id, code=True)

@@ -21,9 +21,9 @@ def bench_soak(
     minutes: float = typer.Option(0.0, "--minutes", min=0.0, help="stop after this long "
                                   "whatever was reached (0: no cap)"),
     sample_s: float = typer.Option(30.0, "--sample-s", min=0.5, help="seconds between samples"),
-    segment_mb: float = typer.Option(1.0, "--segment-mb", min=0.001, help="the soak's "
+    segment_mb: float = typer.Option(0.25, "--segment-mb", min=0.001, help="the soak's "
                                      "retention.segment_mb (small, so records roll)"),
-    keep_mb: float = typer.Option(4.0, "--keep-mb", min=0.0, help="the soak's "
+    keep_mb: float = typer.Option(1.0, "--keep-mb", min=0.0, help="the soak's "
                                   "retention.keep_mb (small, so rolled segments are pruned)"),
     concurrency: int = typer.Option(16, "--concurrency", min=1, help="the fake endpoint's "
                                     "max_concurrency"),
