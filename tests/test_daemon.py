@@ -325,3 +325,25 @@ async def test_failed_episodes_stay_out_of_regret_and_memory_and_are_counted(fak
     agent = status["ledger"]["agent"]
     assert agent["played"] == len(episodes) and agent["dropped"]["failed"] == len(failed)
     assert agent["played"] == agent["written"] + sum(agent["dropped"].values())
+
+
+def test_the_status_regret_distribution_is_the_sorted_windows_order_statistics():
+    """regret_distribution (vectorised, any order) gives what the definition on the sorted
+    window gives: the value at index int(p * n), the max, the mean, a 5-bin histogram over
+    [0, 1] with negatives in the first bin."""
+    import random
+
+    from spade_async.loop.telemetry import regret_distribution
+
+    rng = random.Random(7)
+    for n in (1, 2, 5, 11, 1000):
+        window = [round(rng.uniform(-0.4, 1.0), 3) for _ in range(n)]
+        s = sorted(window)
+        got = regret_distribution(window)
+        assert got["n"] == n and got["max"] == s[-1]
+        assert [got["p10"], got["p50"], got["p90"]] == [s[min(n - 1, int(p * n))]
+                                                        for p in (0.1, 0.5, 0.9)]
+        assert got["mean"] == round(sum(s) / n, 4)
+        assert got["histogram"] == [sum(1 for r in s if min(4, max(0, int(r * 5))) == b)
+                                    for b in range(5)]
+    assert regret_distribution([])["n"] == 0
