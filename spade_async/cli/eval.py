@@ -95,7 +95,8 @@ def evaluate(
     version: str = typer.Option("latest", "--version", help="policy version N, or 'latest' "
                                 "(the one the servers hold now)"),
     suite: list[str] = typer.Option(None, "--suite", help="reasoning-gym, reasoning-gym-easy, "
-                                    "humaneval, bfcl-multi-turn, probe or probe-greedy, or a "
+                                    "humaneval, textarena, bfcl-multi-turn, probe or "
+                                    "probe-greedy, or a "
                                     "group: paper (the paper's held-out table), held-out "
                                     "(repeatable; default: eval.suites)"),
     limit: int = typer.Option(None, "--limit", min=1, help="only the first N tasks of a suite"),

@@ -49,7 +49,11 @@ class Telemetry:
         # back-pressure holds new work): [saturation-seconds, seconds].
         self._sat: dict[str, dict[str, list[float]]] = {}
         self._sat_prev: dict[str, tuple[float, float]] = {}
-        self.tick_times = RecentTimes(keep=256)  # building and writing status.json
+        # building and writing status.json: the CPU time of the tick's own thread (what the
+        # status costs, which must not grow with the run's age), and its wall time (which also
+        # counts the waits for the GIL behind a busy event loop)
+        self.tick_times = RecentTimes(keep=256)
+        self.tick_wall = RecentTimes(keep=256)
 
     def status(self) -> dict[str, Any]:
         ctx = self.ctx
@@ -89,11 +93,12 @@ class Telemetry:
             # recent latencies (a long run's reads must not slow down with its age)
             "memory_ops": ctx.memory_times.as_dict(),
             "status_tick": self.tick_times.as_dict(),
+            "status_tick_wall": self.tick_wall.as_dict(),
         }
 
     def write_status(self) -> None:
         # rewritten every few seconds: atomic (readers never see half), not fsynced
-        with self.tick_times.timed():
+        with self.tick_wall.timed(), self.tick_times.timed(time.thread_time):
             atomic_write_text(self.ctx.run_dir / "status.json",
                               json.dumps(self.status(), indent=1), durable=False)
 
