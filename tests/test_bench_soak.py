@@ -17,10 +17,17 @@ def test_level_off_and_drift_on_known_series():
     flat_after_growth = [min(t, 40.0) for t in ts]          # grows, then flat from t = 40
     linear = [1.0 + t for t in ts]                           # grows to the end
     assert level_off(ts, flat_after_growth) == {
-        "final": 40.0, "at_three_quarters": 40.0, "growth_last_quarter_pct": 0.0, "ok": True}
-    grown = level_off(ts, linear)
-    assert grown["growth_last_quarter_pct"] == pytest.approx(100 * (101 - 81) / 101, abs=0.01)
+        "final": 40.0, "at_three_quarters": 40.0, "growth_last_quarter_pct": 0.0,
+        "end_to_end_pct": 0.0, "ok": True}
+    grown = level_off(ts, linear)  # the last half's slope 1 x 25 over its last quarter's mean
+    assert grown["growth_last_quarter_pct"] == pytest.approx(100 * 25 / 91, abs=0.01)
+    assert grown["end_to_end_pct"] == pytest.approx(100 * (101 - 81) / 101, abs=0.01)
     assert grown["ok"] is False
+    # a saw on a level (versions piling up, then pruned): its two ends say +17%, its fit ~0
+    fine = [2.5 * i for i in range(41)]
+    sawed = level_off(fine, [(10.0, 12.0, 14.0)[i % 3] for i in range(41)])
+    assert sawed["end_to_end_pct"] > 15 and abs(sawed["growth_last_quarter_pct"]) < 2
+    assert sawed["ok"] is True
     assert drift(ts, [2.0] * 6 + [None] + [3.0] * 4)["ok"] is True      # 1.5x
     slow = drift(ts, [2.0] * 6 + [5.0] * 5)
     assert slow["first"] == 2.0 and slow["end"] == 5.0 and slow["ratio"] == 2.5

@@ -13,8 +13,8 @@ Every `sample_s` the harness records disk bytes by directory of the data dir (al
 blocks), the RSS of each process (the daemon's sandbox workers summed apart), the bytes each
 process wrote to storage (/proc/PID/io), and from the daemon's status.json its counters, the
 recent memory-operation latencies (p50/p99) and status-tick times. The verdicts:
-- level-off: each series' growth over the last quarter of the run as a share of its final value
-  (the bar: under 5%);
+- level-off: each series' growth over the last quarter of the run as a share of its level
+  there, from a least-squares fit over the last half (`level_off`) (the bar: under 5%);
 - drift: memory-op p99 and status-tick time (the CPU time of the tick's thread; its wall
   time, which also counts the waits for the GIL behind a busy event loop, is shown beside it)
   at the end (median over the last tenth of the run) over the first hour's (median over the first hour, or the first quarter of a shorter run)
@@ -244,15 +244,29 @@ def take_sample(t0: float, data: Path, procs: dict[str, subprocess.Popen]) -> di
 # -- verdicts -------------------------------------------------------------------------------
 
 def level_off(ts: list[float], vs: list[float]) -> dict[str, Any]:
-    """Growth over the last quarter of the run (the value at its end minus the value at 3/4 of
-    its time) as a share of the final value."""
+    """Growth over the last quarter of the run as a share of the final level: the least-squares
+    slope over the last half of the run times a quarter of its duration, over the mean of its
+    last quarter. A fit, not two points: what compaction, pruning and rolling leave is a saw
+    (the memory's versions pile up for a minute, then go), whose two ends say nothing about
+    the trend. `end_to_end_pct` is the two-point figure (end minus 3/4), kept beside it."""
     if len(vs) < 4 or not vs[-1]:
         return {"final": vs[-1] if vs else None, "growth_last_quarter_pct": None, "ok": None}
-    t_q3 = ts[0] + 0.75 * (ts[-1] - ts[0])
+    span = ts[-1] - ts[0]
+    t_q3 = ts[0] + 0.75 * span
     at_q3 = next(v for t, v in zip(ts, vs, strict=True) if t >= t_q3)
-    pct = 100.0 * (vs[-1] - at_q3) / vs[-1]
+    half = [(t, v) for t, v in zip(ts, vs, strict=True) if t >= ts[0] + 0.5 * span]
+    if len(half) < 3:
+        half = list(zip(ts, vs, strict=True))[-3:]
+    mt = statistics.fmean(t for t, _ in half)
+    mv = statistics.fmean(v for _, v in half)
+    var = sum((t - mt) ** 2 for t, _ in half)
+    slope = sum((t - mt) * (v - mv) for t, v in half) / var if var else 0.0
+    level = statistics.fmean(v for t, v in zip(ts, vs, strict=True) if t >= t_q3)
+    pct = 100.0 * slope * span / 4 / level if level else 0.0
     return {"final": vs[-1], "at_three_quarters": at_q3,
-            "growth_last_quarter_pct": round(pct, 2), "ok": pct < LEVEL_OFF_PCT}
+            "growth_last_quarter_pct": round(pct, 2),
+            "end_to_end_pct": round(100.0 * (vs[-1] - at_q3) / vs[-1], 2),
+            "ok": pct < LEVEL_OFF_PCT}
 
 
 def drift(ts: list[float], vs: list[float | None]) -> dict[str, Any]:
@@ -496,7 +510,8 @@ def render(r: dict[str, Any]) -> str:
     lines = [f"soak: {r['seconds'] / 60:.1f} min, {reached['episodes']} episodes, "
              f"{reached['designs']} designs ({reached['designs_accepted']} accepted), "
              f"{reached['steps']} trainer steps; per hour {r['rates_per_hour']}",
-             f"disk by directory (level-off: last quarter < {LEVEL_OFF_PCT:g}% of the total):"]
+             f"disk by directory (level-off: the last quarter's fitted growth < {LEVEL_OFF_PCT:g}% of "
+             "its level):"]
     lines += [lo(n, x) for n, x in v["disk"].items()]
     lines.append("RSS by process:")
     lines += [lo(n, x) for n, x in v["rss"].items()]
