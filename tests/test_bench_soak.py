@@ -54,6 +54,7 @@ def test_soak_test_size_records_every_series_and_writes_its_verdicts(checkpoint,
     assert any(s["workers"] > 0 for s in series)  # the daemon's sandbox workers were seen
     assert last["memory_ops"] > 0 and last["memory_p99_ms"] >= last["memory_p50_ms"] > 0
     assert last["tick_p50_ms"] > 0
+    assert 0 < last["memory_cache_mb"] <= 256 + 64  # LanceDB's caches, bounded
     assert all(a["t"] < b["t"] and a["episodes"] <= b["episodes"]
                for a, b in zip(series, series[1:], strict=False))
     # rotation ran inside the soak (segments of 10 KB) and pruned to keep_mb

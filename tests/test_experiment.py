@@ -287,12 +287,16 @@ reasoning_gym_per_generator = 1
 probe_seeds = 2
 probe_variants = [{{ family = "arithmetic", params = {{ digits = 1, terms = 2 }} }}]
 max_tokens = 64
+humaneval_tasks = 2
 [experiment]
 name = "ci"
 arms = ["fixed"]
 budget = "versions=1"
 eval_every_versions = 1
 processes = ["daemon", "trainer"]
+# the embedded experiment's code, games and tool use at v0 and the last version: here the
+# first 2 HumanEval problems stand for them (games and BFCL would need their venvs and minutes)
+bookend_suites = ["humaneval"]
 """)
     env = dict(os.environ, HF_HUB_OFFLINE="1")
     res = subprocess.run([*SPADE, "experiment", "run", "-c", str(cfg)], cwd=REPO, env=env,
@@ -311,6 +315,9 @@ processes = ["daemon", "trainer"]
             versions = [p["version"] for p in a["points"][suite]]
             assert versions[0] == 0 and versions[-1] >= 1, (arm, suite, versions)
         assert a["ledger"]["stages"]["training"]["items"] >= 1, arm
+        # the bookend suite at v0 and at the version the arm stopped on, nowhere between
+        last = a["points"]["probe"][-1]["version"]
+        assert [p["version"] for p in a["points"]["humaneval"]] == [0, last], arm
         # the arm's evaluations named its own adapters on the shared server
         models = {r["version"]: r["model"]
                   for r in read_jsonl(exp / "arms" / arm / "eval" / "results.jsonl")}

@@ -46,6 +46,7 @@ EMBEDDED_PER_HOUR = {"episodes": 486, "designs": 108, "steps": 180}
 # which unit each top-level directory of the data dir grows with
 DIR_UNIT = {"run": "episodes", "spool": "episodes", "memory": "designs", "trainer": "steps",
             "weights": "steps"}
+DEFAULT_CAPACITY = 40_000  # memory.max_accepted + memory.max_rejected at their defaults
 LEVEL_OFF_PCT = 5.0
 DRIFT_MAX = 2.0
 
@@ -235,7 +236,7 @@ def take_sample(t0: float, data: Path, procs: dict[str, subprocess.Popen]) -> di
         "rss": rss, "workers": len(kids),
         "written": {name: written_bytes(p.pid) for name, p in procs.items()},
         "memory_p50_ms": mem.get("p50_ms"), "memory_p99_ms": mem.get("p99_ms"),
-        "memory_ops": mem.get("count"),
+        "memory_ops": mem.get("count"), "memory_cache_mb": st.get("memory_cache_mb"),
         "tick_p50_ms": tick.get("p50_ms"), "tick_p99_ms": tick.get("p99_ms"),
         "tick_wall_p50_ms": wall.get("p50_ms"), "tick_wall_p99_ms": wall.get("p99_ms"),
     }
@@ -310,8 +311,19 @@ def records_written(data: Path) -> dict[str, dict[str, Any]]:
     return out
 
 
+def _memory_rows(data: Path) -> int | None:
+    """The rows the memory holds at the end (its `envs` table), or None if it cannot say."""
+    try:
+        import lancedb
+
+        return int(lancedb.connect(str(data / "memory")).open_table("envs").count_rows())
+    except Exception:  # a soak that never made a memory: the directory's growth stands
+        return None
+
+
 def per_week(samples: list[dict[str, Any]],
-             records: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+             records: dict[str, dict[str, Any]] | None = None,
+             memory_rows: int | None = None) -> dict[str, Any]:
     """Disk growth over the last half of the run, per unit of work (episodes, designs, trainer
     steps, by the directory's unit), times the embedded default's rates for a week; the same
     for the bytes the daemon and trainer wrote; and, with `records` (records_written), what
@@ -350,8 +362,18 @@ def per_week(samples: list[dict[str, Any]],
     produced = sum(r["gb_per_week"] for r in rec.values())
     # the embedded default: the records as produced (not yet at keep_mb), the rest as grown;
     # with nothing rolled, the run dir's growth is all the records produced
-    default = (produced + sum(d["gb_per_week"] for n, d in dirs.items() if n != "run")
-               if rec else total)
+    # the memory: the soak's capacities cap it within minutes, the embedded default's (20k
+    # accepted + 20k rejected) not within a week, so it counts as every design's row at the
+    # bytes a row takes here (its share of the version window included), up to the capacity
+    others = {n: max(0.0, d["gb_per_week"]) for n, d in dirs.items() if n != "run"}
+    if memory_rows:
+        per_row = b["disk"].get("memory", 0) / memory_rows
+        rows = min(week["designs"], DEFAULT_CAPACITY)
+        out["memory_per_row"] = {"rows": memory_rows, "bytes_per_row": round(per_row, 1),
+                                 "rows_a_week": rows,
+                                 "gb_per_week": round(per_row * rows / 1e9, 4)}
+        others["memory"] = out["memory_per_row"]["gb_per_week"]
+    default = (produced + sum(others.values())) if rec else total
     out.update(records=rec, records_gb_per_week=round(produced, 4),
                embedded_default_gb_per_week=round(default, 4),
                embedded_default_ok=default < 1.0)
@@ -470,7 +492,7 @@ def run_soak(tokenizer: Path, out: Path, *, episodes: int = 200_000, designs: in
         "retention": {"segment_mb": segment_mb, "keep_mb": keep_mb},
         "rolled": sorted(p.name for p in (data / "run").glob("*.rolled")),
         "verdicts": verdicts(samples),
-        "week": per_week(samples, records_written(data)),
+        "week": per_week(samples, records_written(data), _memory_rows(data)),
         "series": samples,
     }
     (out / "soak.json").write_text(json.dumps(result, indent=1))
@@ -530,6 +552,10 @@ def render(r: dict[str, Any]) -> str:
     else:
         lines.append(f"  nothing rolled: the embedded default's retention: "
                      f"{w['embedded_default_gb_per_week']:.3f} GB a week")
+    if m := w.get("memory_per_row"):
+        lines.append(f"  the memory: {m['rows']} rows at the end, {m['bytes_per_row'] / 1024:.1f} "
+                     f"KB a row with its version window; the embedded default's week: "
+                     f"{m['rows_a_week']} designs' rows, {m['gb_per_week']:.3f} GB (counted above)")
     if w["written"]:
         lines.append("  written to storage a week: " + ", ".join(
             f"{n} {d['gb_per_week']:.2f} GB ({d['bytes_per_unit']:.0f} B per {d['unit'][:-1]})"

@@ -39,6 +39,12 @@ def regret_distribution(regrets: Iterable[float]) -> dict[str, Any]:
             "histogram": [int(x) for x in hist]}
 
 
+def _cache_mb(memory: Any) -> float | None:
+    """The memory's cache size in MB, for a memory that says (the LanceDB port); else None."""
+    size = getattr(memory, "cache_bytes", None)
+    return round(size() / (1 << 20), 1) if callable(size) else None
+
+
 class Telemetry:
     def __init__(self, ctx: LoopContext) -> None:
         self.ctx = ctx
@@ -92,6 +98,8 @@ class Telemetry:
             "waiting_for_trainer": ctx.waiting_for_trainer,
             # recent latencies (a long run's reads must not slow down with its age)
             "memory_ops": ctx.memory_times.as_dict(),
+            # LanceDB's caches in this process (memory.index_cache_mb + metadata_cache_mb)
+            "memory_cache_mb": _cache_mb(ctx.memory),
             "status_tick": self.tick_times.as_dict(),
             "status_tick_wall": self.tick_wall.as_dict(),
         }

@@ -34,6 +34,10 @@ class LanceMemoryPort:
         self.rng = random.Random(seed)
         self._unseen: list[str] | None = None
 
+    def cache_bytes(self) -> int:
+        """What LanceDB's caches of this process hold now (bounded by memory.*_cache_mb)."""
+        return int(self.mem.session.size_bytes)
+
     async def examples(self, query: str, k: int) -> list[str]:
         hits = await self.mem.search(query, k=k, diverse=True, code=True)
         return [h.record.code for h in hits if h.record.code]
