@@ -79,9 +79,15 @@ def test_soak_test_size_records_every_series_and_writes_its_verdicts(checkpoint,
     made = w["records"]["run/episodes.rolled"]
     assert made["bytes_per_unit"] * last["episodes"] > sum(
         p.stat().st_size for p in rolled.iterdir())
+    # the week: the records as produced, the other directories' growth (none when they
+    # shrank), the memory as a row for every design of the week at its bytes a row here
+    mem = w["memory_per_row"]
+    assert mem["rows"] > 0 and mem["rows_a_week"] == 108 * 24 * 7
+    assert mem["bytes_per_row"] == pytest.approx(last["disk"]["memory"] / mem["rows"], abs=0.1)
     assert w["embedded_default_gb_per_week"] == pytest.approx(
-        w["records_gb_per_week"] + sum(d["gb_per_week"] for n, d in w["disk_growth"].items()
-                                       if n != "run"), abs=1e-3)
+        w["records_gb_per_week"] + mem["gb_per_week"]
+        + sum(max(0.0, d["gb_per_week"]) for n, d in w["disk_growth"].items()
+              if n not in ("run", "memory")), abs=1e-3)
     # written where the CLI says, the same figures
     saved = json.loads((out / "soak.json").read_text())
     assert saved["verdicts"] == v and len(saved["series"]) == len(series)
