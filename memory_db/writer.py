@@ -193,13 +193,8 @@ class Writer:
             return out
         gone = set(retire)
         variants = [v for v, e in self.env_of.items() if e in gone]
-        for chunk in range(0, max(len(retire), len(drop), len(variants)), 500):
-            with anyio.fail_after(cfg.db_timeout_s):
-                ids = retire[chunk:chunk + 500] + drop[chunk:chunk + 500]
-                if ids:
-                    await self.t.envs.delete("id IN (" + ", ".join(map(sql_str, ids)) + ")")
-                if vs := variants[chunk:chunk + 500]:
-                    await self.t.stats.delete("id IN (" + ", ".join(map(sql_str, vs)) + ")")
+        await self._delete_ids(self.t.envs, [*retire, *drop])
+        await self._delete_ids(self.t.stats, variants)
         for i in [*retire, *drop]:
             self.known.pop(i, None)
         for i in retire:
@@ -219,6 +214,12 @@ class Writer:
         log.info("memory_capacity", retired=len(retire), variants_deleted=len(variants),
                  rejected_deleted=len(drop), accepted=len(self._accepted))
         return {"retired": len(retire), "rejected_deleted": len(drop)}
+
+    async def _delete_ids(self, table: Any, ids: list[str], chunk: int = 500) -> None:
+        """Delete the rows of `table` with these ids, `chunk` to a statement."""
+        for i in range(0, len(ids), chunk):
+            with anyio.fail_after(self.cfg.db_timeout_s):
+                await table.delete("id IN (" + ", ".join(map(sql_str, ids[i:i + chunk])) + ")")
 
     def _upkeep_beside(self, *, optimize: bool, index: str) -> None:
         """Scheduled upkeep in its own task, so writes go on while a compaction or an index

@@ -36,11 +36,12 @@ def arm_tables(cfg: SpadeConfig, config_path: Path, exp_dir: Path, arm: str) -> 
              "models_dir": str(checkpoint_dir(cfg).parent.resolve())}
     from spade_async.evals import expand_suites
 
+    suites = expand_suites(list(cfg.experiment.suites))
     evals = {"every_versions": cfg.experiment.eval_every_versions,
              # groups (`paper`, `held-out`) as their suites: the arm's [eval] names suites
-             "suites": expand_suites(list(cfg.experiment.suites)),
+             "suites": suites,
              "bookend_suites": [s for s in expand_suites(list(cfg.experiment.bookend_suites))
-                                if s not in expand_suites(list(cfg.experiment.suites))]}
+                                if s not in suites]}
     # the arm's adapters are its own, even on a vllm-lora server the arms share
     model = {"adapter_prefix": f"{cfg.model.served_name}-{arm}", **tables.get("model", {})}
     return {"extends": str(config_path.resolve()), **tables,
