@@ -153,13 +153,15 @@ class Stack:
         return out
 
     def wait(self, what: str, cond, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
+        t0 = time.monotonic()
+        deadline = t0 + timeout
         while not cond():
             self.alive()
             assert time.monotonic() < deadline, (
                 f"timed out waiting for {what}; status {self.status()}\n"
                 f"daemon: {self.log('daemon')[-3000:]}\ntrainer: {self.log('trainer')[-2000:]}")
             time.sleep(0.5)
+        print(f"[{time.monotonic() - t0:6.1f} s] {what}")
 
     def stop(self) -> dict[str, int]:
         rcs = {}
