@@ -19,6 +19,8 @@
 # every wrapped layer in every step; see `spade bench inference`).
 # --weight-transfer-config '{"backend": "nccl"}' for a vllm-nccl endpoint (vLLM's NCCL weight
 # transfer engine; the trainer joins its group at each publish).
+# --enforce-eager where model.enforce_eager is set: no torch.compile trace at start (~55-80 s on
+# 2 cores with merged weights) for ~10% slower decode (configs/smoke.toml, a bounded run).
 # Extra arguments go to vLLM unchanged.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -66,6 +68,8 @@ transfer=()
 # most of the stack log. SPADE_VLLM_ACCESS_LOG=1 keeps it.
 access_log=(--disable-uvicorn-access-log)
 [ "${SPADE_VLLM_ACCESS_LOG:-0}" = 1 ] && access_log=()
+eager=()
+[ "$cfg_enforce_eager" = 1 ] && eager=(--enforce-eager)
 exec "${niceness[@]}" "$vllm_python" -m vllm.entrypoints.openai.api_server \
   --model "$model" \
   --served-model-name "$cfg_served_name" \
@@ -73,6 +77,6 @@ exec "${niceness[@]}" "$vllm_python" -m vllm.entrypoints.openai.api_server \
   --max-model-len "${SPADE_MAX_MODEL_LEN:-$cfg_max_model_len}" \
   --dtype "$cfg_dtype" \
   --logprobs-mode "$cfg_logprobs_mode" \
-  "${lora[@]}" "${transfer[@]}" \
+  "${lora[@]}" "${transfer[@]}" "${eager[@]}" \
   --disable-log-stats "${access_log[@]}" \
   "$@"

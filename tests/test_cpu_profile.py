@@ -152,12 +152,12 @@ def _shell(tmp_path, *args: str, **env: str) -> dict[str, str]:
                          capture_output=True, text=True, check=True, cwd=REPO,
                          env={"PATH": "/usr/bin:/bin", **env}).stdout
     # the shell reads it as the script does
-    script = out + '\nprintf "%s\\n%s\\n%s\\n%s\\n%s\\n" "$cfg_device" "$cfg_dtype" ' \
-        '"$cfg_dtype_reason" "$cfg_lora" "$cfg_lora_targets"'
-    device, dtype, reason, lora, targets = subprocess.run(
+    script = out + '\nprintf "%s\\n%s\\n%s\\n%s\\n%s\\n%s\\n" "$cfg_device" "$cfg_dtype" ' \
+        '"$cfg_dtype_reason" "$cfg_lora" "$cfg_lora_targets" "$cfg_enforce_eager"'
+    device, dtype, reason, lora, targets, eager = subprocess.run(
         ["bash", "-c", script], capture_output=True, text=True, check=True).stdout.splitlines()
     return {"device": device, "dtype": dtype, "reason": reason, "lora": lora,
-            "lora_targets": targets}
+            "lora_targets": targets, "eager": eager}
 
 
 def test_config_shell_names_the_dtype_and_why(tmp_path):
@@ -165,13 +165,15 @@ def test_config_shell_names_the_dtype_and_why(tmp_path):
     got = _shell(tmp_path)
     # the embedded default reloads merged weights: no adapters served, no --enable-lora
     assert got == {"device": "cpu", "dtype": here.dtype, "reason": here.reason, "lora": "0",
-                   "lora_targets": "q_proj k_proj v_proj o_proj"}  # trainer.lora_targets
+                   "lora_targets": "q_proj k_proj v_proj o_proj",  # trainer.lora_targets
+                   "eager": "0"}  # a long run: torch.compile's start-up buys faster decode
     forced = _shell(tmp_path, SPADE__MODEL__DTYPE="float32")
     assert forced["dtype"] == "float32" and forced["reason"] == "model.dtype = float32 in the config"
     gpu = _shell(tmp_path, "--vllm-python", str(_fake_python(tmp_path / "py", "gpu")))
     assert gpu["device"] == "gpu" and gpu["dtype"] == "auto"
     lora = _shell(tmp_path, SPADE__ENDPOINTS__0__WEIGHT_SWAP__TYPE="vllm-lora")
     assert lora["lora"] == "1"  # adapters served: --enable-lora on trainer.lora_targets
+    assert _shell(tmp_path, SPADE__MODEL__ENFORCE_EAGER="true")["eager"] == "1"
 
 
 # ---- the trainer follows ------------------------------------------------------------------------

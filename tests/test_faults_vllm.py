@@ -78,6 +78,7 @@ designer_max_tokens = 64
 examples_k = 0
 replay_probability = 1.0
 bootstrap_seeds = true
+bootstrap_families = ["arithmetic"]  # single-turn plays with a spread: steps come quickly
 max_batches_ahead = 2
 max_staleness = 3
 document_attempts = 2

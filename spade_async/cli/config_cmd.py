@@ -63,6 +63,7 @@ def show_config(
         # processed_logprobs where training samples are drawn at a temperature other than 1,
         # so behaviour log-probs are the sampled distribution's (config.logprobs_mode).
         "cfg_logprobs_mode": logprobs_mode(cfg),
+        "cfg_enforce_eager": int(cfg.model.enforce_eager),
     }
     device = vllm_device(vllm_python) if vllm_python is not None else "cpu"
     dtype = choose_dtype(cfg.model.dtype, device=device)

@@ -62,6 +62,13 @@ class ModelConfig(Strict):
         "where the CPU has native bf16 (avx512_bf16 / amx_bf16; aarch64 bf16), else float32 "
         "(emulated bf16 runs ~4x slower); on a GPU vLLM, vLLM's own auto. See "
         "spade_async/inference/cpu_profile.py")
+    enforce_eager: bool = Field(
+        False, description="the inference server runs the model eagerly (vLLM's "
+        "--enforce-eager). On a CPU vLLM serving merged weights (vllm-reload) torch.compile "
+        "traces the model at every start, ~55-80 s on 2 cores (its cache is keyed by the "
+        "checkpoint's path and the context length), for ~10% faster decode: worth it for a "
+        "long run, not for a bounded one (configs/smoke.toml). With --enable-lora (vllm-lora) "
+        "the CPU build runs eagerly anyway")
 
     def adapter_name(self, version: int) -> str:
         """The LoRA adapter that serves `version` (>= 1) with vllm-lora."""
