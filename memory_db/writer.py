@@ -38,6 +38,8 @@ from memory_db.schema import Tables, env_id, now_utc, sql_str, write_meta
 from memory_db.stats import update_stats
 
 log = structlog.get_logger(component="memory")
+# While an upkeep runs beside the writes, the writer looks again this often for the next one.
+UPKEEP_POLL_S = 1.0
 
 
 class Writer:
@@ -256,6 +258,11 @@ class Writer:
     async def _collect(self) -> list[Op] | None:
         """The next batch; [] when maintenance came due while idle; None at end of stream."""
         wait = max(0.0, self.upkeep.next_optimize - time.monotonic())
+        if not self._upkeep_idle.is_set():
+            # Upkeep under way beside the writes: what comes due next waits for it, the writes
+            # do not. (A zero wait here cancelled every receive: once an upkeep outlasted the
+            # period, the writer spun and took no write until it ended.)
+            wait = max(wait, UPKEEP_POLL_S)
         first = None
         with anyio.move_on_after(wait):
             try:

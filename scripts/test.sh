@@ -8,8 +8,9 @@ bash scripts/setup.sh
 echo "[test] ruff check" >&2
 .venv/bin/ruff check .
 set +e
-# Two workers (SPADE_TEST_WORKERS): the whole-stack tests run on one, one after another, the
-# unit tests beside them (tests/conftest.py: the "stack" group); -n 0 runs in one process.
+# Two workers (SPADE_TEST_WORKERS): the tests on a real inference server run on one, one after
+# another, everything else beside them (tests/conftest.py: the "stack" group); -n 0 runs in one
+# process.
 .venv/bin/python -m pytest -q -p no:cacheprovider --durations=25 \
   -n "${SPADE_TEST_WORKERS:-2}" --dist loadgroup "$@"
 rc=$?

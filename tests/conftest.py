@@ -17,11 +17,12 @@ from spade_async.testing.scripted import Script
 configure_logging("info", json=False, force=True)  # logs to stderr, never into --json stdout
 
 CHECKPOINT = REPO / ".data" / "models" / "smollm2-135m-instruct"
-# scripts/test.sh runs the suite on two pytest-xdist workers (--dist loadgroup). The tests that
-# take both cores for a while (a daemon, a trainer and a server of their own: `slow` and
-# `stack`) and every user of the session's servers run on one worker, one after another: one
-# session vLLM and llama-server, never two stacks racing for 2 cores. The other worker takes
-# the unit tests beside them (most run one process on one core).
+# scripts/test.sh runs the suite on two pytest-xdist workers (--dist loadgroup). Every test on a
+# real inference server (`slow`: one of its own; or the session's vLLM or llama-server) runs on
+# one worker, one after another, from the start (xdist deals the largest group first): one
+# session vLLM and llama-server, never two vLLM stacks racing for 2 cores, and the timing-bound
+# ones (deadlines, faults) never beside each other. The other worker takes everything else,
+# the scripted-endpoint stacks included, and the first worker joins it when the group is done.
 STACK_GROUP = "stack"
 SESSION_SERVERS = {"vllm_server", "llama_server"}
 VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
@@ -30,8 +31,7 @@ START_TIMEOUT_S = 420
 
 def pytest_itemcollected(item):
     """(As each test is collected: xdist reads the groups when collection ends.)"""
-    if (SESSION_SERVERS & set(item.fixturenames) or item.get_closest_marker("slow")
-            or item.get_closest_marker("stack")):
+    if SESSION_SERVERS & set(item.fixturenames) or item.get_closest_marker("slow"):
         item.add_marker(pytest.mark.xdist_group(STACK_GROUP))
 
 

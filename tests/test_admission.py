@@ -251,8 +251,10 @@ async def test_trainer_back_pressure_holds_capacity_admission(fake, tmp_path):
         daemon = Daemon(cfg, pool=pool, sandbox=sb, memory=DictMemory(), spool=spool,
                         corpus=sampler, chat=chat, run_dir=tmp_path / "run")
         async with anyio.create_task_group() as tg:
-            tg.start_soon(daemon.run, 40)
-            with anyio.fail_after(60):
+            # (a budget well past the hold: on a loaded host every document admitted before
+            # the first batch lands, 40 once, runs first, and the hold comes after them)
+            tg.start_soon(daemon.run, 1000)
+            with anyio.fail_after(180):
                 while not (daemon.waiting_for_trainer and daemon.admission.documents == 0):
                     await anyio.sleep(0.02)
             held = (spool.last_seq(), daemon.iterations, daemon.counters["designs"])

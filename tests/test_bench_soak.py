@@ -35,7 +35,6 @@ def test_level_off_and_drift_on_known_series():
     assert drift(ts[:3], [1.0, 2.0, None])["ratio"] is None  # too few points to say
 
 
-@pytest.mark.stack
 def test_soak_test_size_records_every_series_and_writes_its_verdicts(checkpoint, tmp_path):
     out = tmp_path / "soak"
     lines: list[str] = []

@@ -61,7 +61,6 @@ def _state(exp: Path) -> dict:
         return {}
 
 
-@pytest.mark.stack
 def test_two_arms_resume_after_kill_and_report(fake, checkpoint, tmp_path):
     scripted, chat = fake
     # every document makes a batch; unhinted episodes solve on even first numbers, so the

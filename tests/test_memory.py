@@ -416,6 +416,9 @@ async def test_scheduled_upkeep_runs_beside_the_writes(tmp_path):
         await mem.insert(env(0, "first"))
         with anyio.fail_after(10):
             await started.wait()  # the scheduled upkeep is under way, and stays so
+        # past the next period while it runs: the next upkeep is due but must wait for this
+        # one, and the writes must not (a zero wait for the next op once spun the writer)
+        await anyio.sleep(0.2)
         with anyio.fail_after(10):  # would time out if the upkeep held the writer
             for i in range(1, 4):
                 await mem.insert(env(i, f"written beside the upkeep {i}"))

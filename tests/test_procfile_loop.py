@@ -15,8 +15,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-
 from spade_async.testing.scripted import Script
 from spade_async.testing.stack import scripted_stack_toml
 
@@ -37,7 +35,6 @@ def _steps(metrics: Path) -> list[dict]:
     return [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
 
 
-@pytest.mark.stack
 def test_procfile_trainer_consumes_daemon_batches_and_daemon_samples_new_versions(
         fake, checkpoint, tmp_path):
     scripted, chat = fake

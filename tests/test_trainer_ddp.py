@@ -14,7 +14,6 @@ import torch
 
 from trainer.testing import tiny_llama, write_batches, write_config, write_trainer_config
 
-pytestmark = pytest.mark.stack  # two ranks of their own: with xdist, on the stack worker
 TORCHRUN = Path(sys.executable).with_name("torchrun")
 REPO = Path(__file__).resolve().parents[1]
 
