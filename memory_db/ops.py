@@ -66,6 +66,11 @@ class Op:
     done: anyio.Event = field(default_factory=anyio.Event)
     result: Any = None
     error: BaseException | None = None
+    # Set by the writer when it takes the op into a batch; from then on the op commits (or
+    # fails) whatever its producer does. An op its producer left before that is abandoned:
+    # the writer drops it, so a cancelled or timed-out call never commits behind its back.
+    taken: bool = False
+    abandoned: bool = False
 
     @property
     def kind(self) -> str:

@@ -112,21 +112,41 @@ class Writer:
         if self._closed:
             raise MemoryClosed("the memory writer is not running")
         ops = [Op(p) for p in payloads]
-        with anyio.fail_after(self.cfg.writer.write_timeout_s):
-            try:
+        try:
+            with anyio.fail_after(self.cfg.writer.write_timeout_s):
+                try:
+                    for op in ops:
+                        try:  # no checkpoint while there is room: one call's ops share a batch
+                            self._send.send_nowait(op)
+                        except anyio.WouldBlock:
+                            await self._send.send(op)  # the queue is full: back-pressure
+                except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+                    raise MemoryClosed("the memory writer is not running") from None
                 for op in ops:
-                    try:  # no checkpoint while there is room: one call's ops share a batch
-                        self._send.send_nowait(op)
-                    except anyio.WouldBlock:
-                        await self._send.send(op)  # the queue is full: back-pressure
-            except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-                raise MemoryClosed("the memory writer is not running") from None
-            for op in ops:
-                await op.done.wait()
+                    await op.done.wait()
+        except BaseException as exc:
+            # Timed out or cancelled: what the writer has not taken yet is dropped; what it
+            # has taken is waited for (its own database deadlines bound that), so the caller
+            # never retries an operation that still commits later (a play's episodes would
+            # count twice). A timeout whose ops all committed meanwhile is no failure.
+            if not await self._leave(ops) or not isinstance(exc, TimeoutError):
+                raise
         for op in ops:
             if op.error is not None:
                 raise op.error
         return [op.result for op in ops]
+
+    async def _leave(self, ops: list[Op]) -> bool:
+        """The producer of `ops` stops waiting: abandon the ones not yet taken, wait (shielded)
+        for the others; True when every op finished."""
+        with anyio.CancelScope(shield=True):
+            for op in ops:
+                if not op.taken:
+                    op.abandoned = True
+            for op in ops:
+                if op.taken:
+                    await op.done.wait()
+        return all(op.done.is_set() for op in ops)
 
     def close(self) -> None:
         """No new operations; the writer commits what is queued, then `run` returns."""
@@ -292,6 +312,9 @@ class Writer:
         return batch
 
     async def _flush(self, batch: list[Op]) -> None:
+        batch = [op for op in batch if not op.abandoned]  # their producers left: never written
+        for op in batch:
+            op.taken = True
         if not batch:
             return
         by_kind: dict[str, list[Op]] = {}

@@ -271,4 +271,6 @@ async def test_trainer_back_pressure_holds_capacity_admission(fake, tmp_path):
     # more than one document was in flight at once before the hold (capacity, not a constant)
     assert held[1] > 1
     run = daemon.saturation_run("fake0")
-    assert run is not None and run["trainer_wait_share"] > 0.1
+    # the hold was accounted as its own phase: at least half the 0.5 s it surely lasted (the
+    # share of the run it is depends on how long the run before it took)
+    assert run is not None and run["trainer_wait_share"] * run["seconds"] > 0.25, run

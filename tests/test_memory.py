@@ -429,6 +429,64 @@ async def test_scheduled_upkeep_runs_beside_the_writes(tmp_path):
         assert report["optimized"] == ["envs", "stats", "meta"]
 
 
+async def test_a_producer_that_stops_waiting_never_commits_behind_its_back(tmp_path):
+    """A write whose caller timed out or was cancelled either never commits (the writer had
+    not taken it: dropped) or is waited for (it had: the caller learns its result). Retrying
+    after a timeout then counts a play's episodes once, and a drain cut cannot leave the
+    memory counting a play the run's logs never saw."""
+    cfg = hash_cfg(writer={"flush_interval_s": 0.005, "write_timeout_s": 0.3})
+    async with open_memory(cfg, str(tmp_path / "m")) as mem:
+        res = await mem.insert(env(1, "a task"))
+        writer = mem._w()
+        real, gate, entered = writer._records, anyio.Event(), anyio.Event()
+
+        async def held(ops, dirty):
+            entered.set()
+            await gate.wait()
+            return await real(ops, dirty)
+
+        writer._records = held
+        async with anyio.create_task_group() as tg:
+            # the first record is taken and held in its batch: its caller's timeout passes,
+            # the call still returns the committed stats (no failure to retry)
+            first: list = []
+
+            async def record_first() -> None:
+                first.append(await mem.record_episodes(res.id, unhinted=[1.0]))
+
+            tg.start_soon(record_first)
+            with anyio.fail_after(10):
+                await entered.wait()
+            # the second waits in the queue behind it; its caller gives up before it is taken
+            with pytest.raises(TimeoutError):
+                await mem.record_episodes(res.id, unhinted=[0.0, 0.0])
+            # a third caller is cancelled while queued: dropped too
+            with anyio.move_on_after(0.05):
+                await mem.record_episodes(res.id, unhinted=[0.0, 0.0, 0.0])
+            gate.set()
+        assert first[0].episodes_unhinted == 1
+        again = await mem.record_episodes(res.id, unhinted=[0.0, 0.0])  # the retry
+        assert again.episodes_unhinted == 3
+        assert (await mem.get(res.id)).stats.episodes_unhinted == 3
+        # a caller cancelled once its op was taken waits for the commit before it leaves
+        gate, entered = anyio.Event(), anyio.Event()
+        left = anyio.Event()
+
+        async def cancelled_while_taken() -> None:
+            with anyio.move_on_after(0.05):
+                await mem.record_episodes(res.id, unhinted=[1.0])
+            left.set()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(cancelled_while_taken)
+            with anyio.fail_after(10):
+                await entered.wait()
+            await anyio.sleep(0.2)
+            assert not left.is_set()  # still waiting for the batch that holds its op
+            gate.set()
+        assert (await mem.get(res.id)).stats.episodes_unhinted == 4
+
+
 async def test_capacity_retires_the_lowest_ranked_played_environments_and_old_rejects(tmp_path):
     """Past max_accepted the upkeep deletes the lowest-ranked played environments (regret EMA)
     with their variants' stats, never an unplayed one; past max_rejected the oldest rejected

@@ -182,24 +182,28 @@ class Player:
             ctx.counters[f"moves_{job.group.move}_played"] += 1
         params = job.params or {}
         vid = variant_id(job.env_id, params)
-        try:
-            await ctx.memory_op(lambda: ctx.memory.record_play(
-                job.env_id, unhinted, hinted, params=params or None,
-                hint_copies=hint_copies or None, sandbox_failures=sandbox_failures),
-                env_id=job.env_id)
-        except GaveUp as exc:  # the regret still counts; the memory's stats miss this play
-            await ctx.failures.give_up("play_stats", str(exc), env_id=job.env_id)
-        meta = ctx.known_meta(job.env_id)
-        log.info("env_played", env_id=job.env_id, variant_id=vid, params=params or None,
-                 move=job.move, replayed=job.group is None,
-                 **{k: round(v, 4) if isinstance(v, float) else v
-                    for k, v in regret.as_dict().items()})
-        await ctx.append("plays", {"time": time.time(), "env_id": job.env_id,
-                                   "variant_id": vid, "params": params,
-                                   "name": meta.name if meta else job.name, "move": job.move,
-                                   "replayed": job.group is None, "policy_version": version,
-                                   "unhinted": unhinted, "hinted": hinted,
-                                   **regret.as_dict()})
+        # A drain cut lands before this pair or after it, never between: the memory's episode
+        # counts and plays.jsonl agree (the memory's own deadlines bound the wait).
+        with anyio.CancelScope(shield=True):
+            try:
+                await ctx.memory_op(lambda: ctx.memory.record_play(
+                    job.env_id, unhinted, hinted, params=params or None,
+                    hint_copies=hint_copies or None, sandbox_failures=sandbox_failures),
+                    env_id=job.env_id)
+            except GaveUp as exc:  # the regret still counts; the memory's stats miss this play
+                await ctx.failures.give_up("play_stats", str(exc), env_id=job.env_id)
+            meta = ctx.known_meta(job.env_id)
+            log.info("env_played", env_id=job.env_id, variant_id=vid, params=params or None,
+                     move=job.move, replayed=job.group is None,
+                     **{k: round(v, 4) if isinstance(v, float) else v
+                        for k, v in regret.as_dict().items()})
+            await ctx.append("plays", {"time": time.time(), "env_id": job.env_id,
+                                       "variant_id": vid, "params": params,
+                                       "name": meta.name if meta else job.name,
+                                       "move": job.move, "replayed": job.group is None,
+                                       "policy_version": version,
+                                       "unhinted": unhinted, "hinted": hinted,
+                                       **regret.as_dict()})
 
     async def episode(self, job: PlayJob, hinted: bool, seed: int,
                       stream: Stream | None = None) -> Episode:
