@@ -221,7 +221,10 @@ def run_trainer_bench(cfg: SpadeConfig, model_dir: Path, *, base_url: str | None
             return report
         from spade_async.inference.launch import serving
 
-        with serving(model_dir, base_url, progress=progress) as (url, _), \
+        # both kinds are published, an adapter first: the server it starts serves LoRA
+        # whatever the config's own swap (the embedded default reloads merged weights)
+        with serving(model_dir, base_url, progress=progress,
+                     extra_env={"SPADE_VLLM_LORA": "1"}) as (url, _), \
                 tempfile.TemporaryDirectory(prefix="spade-bench-publish-") as tmp:
             report["base_url"] = url
             report["publish"] = _publish_latency(cfg, runner, batch, url, model_dir, Path(tmp),
