@@ -95,9 +95,9 @@ def _uid_processes(uids: set[int]) -> list[int]:
 async def sandbox():
     async with Sandbox(CFG) as sb:
         assert sb.isolation.name in ("bwrap", "unshare"), "these tests need real isolation"
+        uids = set(sb.uids)  # its own block: other sandboxes on this host run other uids
         yield sb
-    # Nothing outlives the sandbox: no process runs under any slot uid.
-    uids = {CFG.uid_base + i for i in range(CFG.slots)}
+    # Nothing outlives the sandbox: no process runs under any of its slot uids.
     with anyio.fail_after(5):
         while _uid_processes(uids):
             await anyio.sleep(0.05)
@@ -106,7 +106,7 @@ async def sandbox():
 async def run_hostile(sb: Sandbox, code: str, op: str = "reset") -> SandboxError | str:
     """Open, run `op`, close; return the error (or the observation when it did not fail)."""
     async with sb.open(code) as env:
-        uid = CFG.uid_base + env.worker.slot
+        uid = sb.isolation.uid(env.worker.slot)
         try:
             if op == "reset":
                 result: SandboxError | str = (await env.reset(0)).observation

@@ -85,7 +85,7 @@ async def test_warm_pool_serves_episodes_and_slots_bound_concurrency():
         assert order.index("open c") > min(order.index("close a"), order.index("close b"))
         # Each slot runs under its own uid.
         async with sb.open(TOOL_ENV) as e1, sb.open(TOOL_ENV) as e2:
-            assert {e1.worker.info["uid"], e2.worker.info["uid"]} == {cfg.uid_base, cfg.uid_base + 1}
+            assert {e1.worker.info["uid"], e2.worker.info["uid"]} == set(sb.uids)
 
 
 async def test_tool_calls_arrive_in_canonical_form():
@@ -132,3 +132,32 @@ def test_env_play_a_stored_environment_by_id(tmp_path):
     assert "== counter" in res.stdout and res.stdout.rstrip().endswith("score 1")
     res = CliRunner().invoke(app, ["env", "play", "ffffffff", "-c", str(cfg)])
     assert res.exit_code == 2 and "no environment 'ffffffff'" in res.output
+
+
+async def test_two_sandboxes_on_one_host_never_share_a_slot_uid():
+    """Slot uids are host-wide (two daemons, an experiment's arms, an eval beside the daemon):
+    each sandbox claims its own block, and a closed sandbox's block is free again."""
+    cfg = SandboxConfig(slots=2, warm_workers=0)
+    async with Sandbox(cfg) as a:
+        async with Sandbox(cfg) as b:
+            assert not set(a.uids) & set(b.uids)
+            async with a.open(TOOL_ENV) as ea, b.open(TOOL_ENV) as eb:
+                assert ea.worker.info["uid"] in a.uids and eb.worker.info["uid"] in b.uids
+        first = a.uids
+    async with Sandbox(cfg) as c:  # both released: the search starts at uid_base again
+        assert c.uids.start <= first.start
+
+
+def test_a_host_whose_slot_uids_are_all_held_is_refused_by_name(tmp_path):
+    from spade_async.sandbox.uids import NOBODY, UID_LIMIT, claim_uids
+
+    held = [claim_uids(NOBODY - 4, 2, tmp_path), claim_uids(NOBODY - 4, 2, tmp_path)]
+    assert [b.uids for b in held] == [range(NOBODY - 4, NOBODY - 2), range(NOBODY - 2, NOBODY)]
+    nxt = claim_uids(NOBODY - 4, 2, tmp_path)  # the block holding `nobody` is skipped
+    assert nxt.uids == range(NOBODY + 2, NOBODY + 4)
+    top = [claim_uids(UID_LIMIT - 4, 2, tmp_path) for _ in range(2)]  # the last two blocks
+    with pytest.raises(isolation.SandboxUnavailable, match="held by another sandbox"):
+        claim_uids(UID_LIMIT - 4, 2, tmp_path)
+    for b in [*held, nxt, *top]:
+        b.release()
+    assert claim_uids(NOBODY - 4, 2, tmp_path).uids.start == NOBODY - 4

@@ -66,7 +66,7 @@ async def _measure(cfg: SandboxConfig, code: str, runs: int, steps: int) -> dict
         if cg is not None:
             cg.prepare(0)
             wrapped = cg.enter_prefix(0) + wrapped
-        slot_uids = range(sb.cfg.uid_base, sb.cfg.uid_base + sb.cfg.slots)
+        slot_uids = sb.uids
         bare, bare_plain, cold = [], [], []
         for _ in range(runs):  # interleaved, so load on the machine hits all three alike
             bare.append(_spawn_exit(wrapped))

@@ -66,6 +66,7 @@ class Isolation(ABC):
         self.cfg = cfg
         self.python = base_interpreter(cfg)
         self.is_root = os.geteuid() == 0
+        self.uid_base = cfg.uid_base  # the Sandbox moves it to the block it claimed (uids.py)
 
     @abstractmethod
     def wrap(self, slot: int, argv: list[str]) -> list[str]:
@@ -75,7 +76,7 @@ class Isolation(ABC):
     def layers(self) -> Layers: ...
 
     def uid(self, slot: int) -> int:
-        return self.cfg.uid_base + slot
+        return self.uid_base + slot
 
     def _setpriv(self, slot: int) -> list[str]:
         if not self.is_root:
@@ -224,8 +225,9 @@ class NoIsolation(Isolation):
                       private_root=False, tmp_size_limit=False)
 
 
-def choose_isolation(cfg: SandboxConfig) -> Isolation:
-    """The configured backend, probed; `auto` tries bwrap, then unshare. Never silently none."""
+def choose_isolation(cfg: SandboxConfig, uid_base: int | None = None) -> Isolation:
+    """The configured backend, probed; `auto` tries bwrap, then unshare. Never silently none.
+    `uid_base`: the first slot uid, when not the config's (a claimed block, uids.py)."""
     if cfg.isolation == "none":
         log.warning("sandbox_unisolated", detail="sandbox.isolation = 'none': generated code runs "
                     "with this user's rights, network and files. Never do this with untrusted "
@@ -237,6 +239,8 @@ def choose_isolation(cfg: SandboxConfig) -> Isolation:
     for backend in order:
         try:
             iso = backend(cfg)
+            if uid_base is not None:
+                iso.uid_base = uid_base
             iso.probe()
             return iso
         except SandboxUnavailable as exc:

@@ -37,7 +37,8 @@ class _Open:
 class SandboxNode:
     """A Ray actor class (`ray.remote(SandboxNode)`, async: every method runs on the actor's
     event loop). Actor `index` on its node runs its slots as uids
-    `uid_base + index * slots + i`, so two actors of one node never share a slot's uid."""
+    `uid_base + index * slots + i` (their first choice of block; the claim in `uids.py` keeps
+    any two sandboxes of one host apart)."""
 
     def __init__(self, cfg: SandboxConfig, index: int) -> None:
         self.cfg = cfg.model_copy(update={"placement": "local",

@@ -23,6 +23,7 @@ from spade_async.sandbox.errors import SandboxError, WorkerStartError
 from spade_async.sandbox.isolation import MB, Isolation, choose_isolation
 from spade_async.sandbox.reaper import become_subreaper, reap_sandbox_orphans
 from spade_async.sandbox.session import EnvSession, checked
+from spade_async.sandbox.uids import UidBlock, claim_uids
 from spade_async.sandbox.worker import Worker
 
 log = get_logger("sandbox")
@@ -55,6 +56,7 @@ class Sandbox:
         self._dying: list[Worker] = []  # killed, slot not yet clean
         self._changed = anyio.Event()
         self._open = False
+        self._uids: UidBlock | None = None
         self.stats = SandboxStats()
 
     @property
@@ -67,6 +69,11 @@ class Sandbox:
         assert self._iso is not None, "use `async with Sandbox(...)`"
         return self._iso
 
+    @property
+    def uids(self) -> range:
+        """The slot uids this sandbox runs environments as (slot i: `uids[i]`)."""
+        return range(self.isolation.uid_base, self.isolation.uid_base + self.cfg.slots)
+
     def layers(self) -> dict[str, bool]:
         d = self.isolation.layers().describe()
         d["cgroups"] = self.cgroups is not None
@@ -74,7 +81,15 @@ class Sandbox:
 
     async def __aenter__(self) -> Sandbox:
         if self._iso is None:
-            self._iso = await anyio.to_thread.run_sync(choose_isolation, self.cfg)
+            if os.geteuid() == 0 and self.cfg.isolation != "none":
+                # Slot uids are host-wide: claim a block no other sandbox on this host holds.
+                self._uids = claim_uids(self.cfg.uid_base, self.cfg.slots)
+            try:
+                self._iso = await anyio.to_thread.run_sync(
+                    choose_isolation, self.cfg, self._uids.first if self._uids else None)
+            except BaseException:
+                self._release_uids()
+                raise
         if self.isolation.is_root and self.isolation.name != "none":
             # One group per Sandbox: a second one in this process must not sweep our slots.
             self.cgroups = SlotCgroups.create(f"spade-sandbox-{os.getpid()}-{next(_instances)}",
@@ -83,7 +98,8 @@ class Sandbox:
         self._open = True
         self._refill()
         log.info("sandbox_ready", isolation=self.isolation.name, layers=self.layers(),
-                 slots=self.cfg.slots, warm=self.cfg.warm_workers)
+                 slots=self.cfg.slots, warm=self.cfg.warm_workers,
+                 uids=f"{self.uids.start}-{self.uids.stop - 1}")
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -95,6 +111,12 @@ class Sandbox:
                 await self._dying.pop().kill()
             if self.cgroups is not None:
                 self.cgroups.remove()
+        self._release_uids()  # every worker is dead: the uids are free for another sandbox
+
+    def _release_uids(self) -> None:
+        if self._uids is not None:
+            self._uids.release()
+            self._uids = None
 
     def _notify(self) -> None:
         self._changed.set()
@@ -102,7 +124,7 @@ class Sandbox:
 
     def _adopt(self, worker: Worker) -> Worker:
         if getattr(self, "_subreaper", False):
-            uids = range(self.cfg.uid_base, self.cfg.uid_base + self.cfg.slots)
+            uids = self.uids
 
             def reap() -> int:
                 return reap_sandbox_orphans(uids, self._live_pids())

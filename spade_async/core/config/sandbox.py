@@ -53,7 +53,10 @@ class SandboxConfig(Strict):
     slots: int = Field(8, ge=1, le=512, description="environment instances alive at once (with "
                        "placement = 'ray': per actor)")
     warm_workers: int = Field(4, ge=0, description="pre-started workers waiting for a load")
-    uid_base: int = Field(61000, ge=1000, description="slot i runs as uid/gid uid_base + i")
+    uid_base: int = Field(61000, ge=1000, lt=1 << 31, description="first slot uid: a sandbox "
+                          "claims the first block of `slots` uids from here that no other "
+                          "sandbox on this host holds (lock files in /run/spade-sandbox-uids); "
+                          "slot i runs as uid/gid block start + i")
     load_timeout_s: float = Field(10.0, gt=0, description="deadline of load (exec of the module)")
     call_timeout_s: float = Field(5.0, gt=0, description="deadline of one reset/step/hint call")
     start_timeout_s: float = Field(10.0, gt=0, description="deadline for a worker to be ready")
