@@ -4,7 +4,18 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1
-bash scripts/setup.sh
+# The llama-server build (~3 min of both cores) goes on beside the tests at the lowest priority
+# instead of before them: the tests that need it run last and wait for it (tests/conftest.py).
+stop_llama_build() {
+  local d=.data/llama-build
+  if [ -f "$d/pgid" ] && [ ! -f "$d/rc" ]; then
+    echo "[test] stopping the unfinished llama-server build (the next run resumes it)" >&2
+    kill -- "-$(cat "$d/pgid")" 2>/dev/null || true
+  fi
+  rm -f "$d/pgid"
+}
+trap stop_llama_build EXIT
+SPADE_LLAMA_BUILD=background bash scripts/setup.sh
 echo "[test] ruff check" >&2
 .venv/bin/ruff check .
 # Two workers share the cores, so torch's OpenMP threads in one worker's processes (a trainer)

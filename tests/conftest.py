@@ -3,6 +3,8 @@ Procfile runs, on a free port; every test that needs it says so by taking `vllm_
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 
 import pytest
@@ -33,6 +35,41 @@ def pytest_itemcollected(item):
     """(As each test is collected: xdist reads the groups when collection ends.)"""
     if SESSION_SERVERS & set(item.fixturenames) or item.get_closest_marker("slow"):
         item.add_marker(pytest.mark.xdist_group(STACK_GROUP))
+
+
+def pytest_collection_modifyitems(items):
+    """The tests on llama-server run last (their group runs in this order): the test command
+    builds it in the background while everything else runs (scripts/test.sh)."""
+    items.sort(key=lambda item: "llama_server" in item.fixturenames)
+
+
+LLAMA_BUILD = REPO / ".data" / "llama-build"
+LLAMA_BUILD_TIMEOUT_S = 1800
+
+
+def _await_llama_build() -> None:
+    """Wait for a background llama-server build (scripts/setup.sh with SPADE_LLAMA_BUILD=
+    background) to end; fail with its log's tail if it failed or was stopped."""
+    pgid, rc = LLAMA_BUILD / "pgid", LLAMA_BUILD / "rc"
+    if not pgid.exists():
+        return  # built in the foreground (or by hand): start_llama_server checks the binary
+    deadline = time.monotonic() + LLAMA_BUILD_TIMEOUT_S
+    while not rc.exists():
+        try:
+            os.killpg(int(pgid.read_text()), 0)
+        except (ProcessLookupError, ValueError, FileNotFoundError):
+            if rc.exists():
+                break
+            pytest.fail(f"the background llama-server build stopped without an exit code "
+                        f"(log: {LLAMA_BUILD / 'log'})")
+        if time.monotonic() > deadline:
+            pytest.fail(f"the background llama-server build is still going after "
+                        f"{LLAMA_BUILD_TIMEOUT_S} s (log: {LLAMA_BUILD / 'log'})")
+        time.sleep(1)
+    code = rc.read_text().strip()
+    if code != "0":
+        log = (LLAMA_BUILD / "log").read_text(errors="replace")[-3000:]
+        pytest.fail(f"the background llama-server build failed (exit {code}):\n{log}")
 
 
 @pytest.fixture(scope="session")
@@ -68,6 +105,7 @@ def llama_server(checkpoint, tmp_path_factory) -> InferenceProcess:
     `smollm2`: the second real OpenAI-compatible server."""
     from spade_async.inference.launch import start_llama_server
 
+    _await_llama_build()
     log = tmp_path_factory.mktemp("llama") / "server.log"
     try:
         server = start_llama_server(_free_port(), GGUF, log)
