@@ -91,3 +91,25 @@ def test_trainer_metrics_readers_see_the_rolled_steps(tmp_path):
     steps = [e["step"] for e in tail_events(path, nbytes=1000)]
     assert steps and steps[-1] == 60 and steps == list(range(steps[0], 61))
     assert len(tail_bytes(path, 1000)) == 1000
+def test_concurrent_appends_land_in_the_order_of_their_time_field(tmp_path):
+    """The run's logs stamp "time" under the file's lock: threads that write in any order
+    still leave the lines in time order (the daemon appends from worker threads)."""
+    import threading
+
+    log = RollingFile(tmp_path / "e.jsonl", Retention(segment_bytes=8000, keep_bytes=None))
+    go = threading.Barrier(8)
+
+    def writer(k: int) -> None:
+        go.wait()
+        for i in range(200):
+            log.append({"time": 0.0, "k": k, "i": i}, time_field="time")
+
+    threads = [threading.Thread(target=writer, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    lines = list(iter_jsonl(tmp_path / "e.jsonl"))
+    assert len(lines) == 1600 and list(lines[0]) == ["time", "k", "i"]  # the field keeps its place
+    times = [r["time"] for r in lines]
+    assert times == sorted(times) and times[0] > 0

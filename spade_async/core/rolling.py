@@ -119,15 +119,22 @@ class RollingFile:
 
     def append_bytes(self, data: bytes) -> None:
         with self._lock:
-            with open(self.path, "ab") as f:
-                f.write(data)
-            self._size = (self._size or 0) + len(data)
-            if self._size >= self.retention.segment_bytes:
-                self._roll()
+            self._append_locked(data)
 
-    def append(self, record: dict[str, Any]) -> None:
-        """One JSON object line, written in one call."""
-        self.append_bytes((json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8"))
+    def _append_locked(self, data: bytes) -> None:
+        with open(self.path, "ab") as f:
+            f.write(data)
+        self._size = (self._size or 0) + len(data)
+        if self._size >= self.retention.segment_bytes:
+            self._roll()
+
+    def append(self, record: dict[str, Any], *, time_field: str | None = None) -> None:
+        """One JSON object line, written in one call. `time_field`: set to the time of the
+        write, under the lock, so the lines stay in its order whichever thread writes them."""
+        with self._lock:
+            if time_field is not None:
+                record = {**record, time_field: time.time()}
+            self._append_locked((json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8"))
 
     def roll(self) -> None:
         """Roll the live segment now (if it holds anything)."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 import random
 import time
 from collections import Counter, OrderedDict, deque
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -179,12 +180,13 @@ class LoopContext:
         return self._metas.get(env_id)
 
     async def append(self, log_name: str, record: dict[str, Any]) -> None:
-        """One line of <run_dir>/{designs,episodes,plays}.jsonl: what `spade report` plots."""
+        """One line of <run_dir>/{designs,episodes,plays}.jsonl: what `spade report` plots.
+        Its "time" is the write's (concurrent appends run on worker threads in any order)."""
         log = self._logs.get(log_name)
         if log is None:
             log = self._logs[log_name] = rolling(self.run_dir / f"{log_name}.jsonl",
                                                  self.retention)
-        await anyio.to_thread.run_sync(log.append, record)
+        await anyio.to_thread.run_sync(partial(log.append, record, time_field="time"))
 
     def rejected(self, reason: str) -> None:
         """A design refused: counted by the first part of its reason."""
