@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1
-# The llama-server build (~3 min of both cores) goes on beside the tests at the lowest priority
+# The llama-server build (~2.5 min of both cores) goes on beside the tests at the lowest priority
 # instead of before them: the tests that need it run last and wait for it (tests/conftest.py).
 stop_llama_build() {
   local d=.data/llama-build

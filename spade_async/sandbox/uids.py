@@ -35,9 +35,6 @@ class UidBlock:
         while self._fds:
             os.close(self._fds.pop())  # closing the last descriptor drops its flock
 
-    def __repr__(self) -> str:
-        return f"uids {self.first}-{self.first + self.count - 1}"
-
 
 def _try_block(lock_dir: Path, first: int, count: int) -> list[int] | None:
     fds: list[int] = []
